@@ -1,0 +1,157 @@
+"""BM25 lexical search with two interchangeable backends.
+
+- `bm25s` (default): sparse precomputed scores, milliseconds a query at a million chunks.
+- `rank_bm25`: the reference pure-Python implementation, kept to cross-check bm25s.
+
+Both see the same tokens (`tokenize`) and the same scoring function, Lucene's BM25 (idf =
+ln(1 + (N - df + 0.5) / (df + 0.5)), which never goes negative), so they rank alike; a test holds
+them to it. rank_bm25's BM25Okapi uses Robertson's idf with an epsilon floor instead, so its idf
+is overridden below.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.types import Hits, RagError
+
+log = logging.getLogger(__name__)
+
+_TOKEN = re.compile(r"[a-z0-9_]+")
+BACKENDS = ("bm25s", "rank_bm25")
+
+
+@lru_cache(maxsize=1)
+def _stopwords() -> frozenset[str]:
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return frozenset(STOPWORDS_EN)
+
+
+@lru_cache(maxsize=2)
+def _stemmer(language: str) -> Any:
+    import Stemmer  # PyStemmer: the Snowball stemmers, in C
+
+    return Stemmer.Stemmer(language)
+
+
+def tokenize(texts: list[str], stopwords: bool = True, stem: bool = True) -> list[list[str]]:
+    """Lowercase word tokens (identifiers such as O_NONBLOCK or register_forward_hook stay whole),
+    English stopwords removed, Snowball-stemmed."""
+    stop = _stopwords() if stopwords else frozenset()
+    stemmer = _stemmer("english") if stem else None
+    out = []
+    for text in texts:
+        toks = [t for t in _TOKEN.findall(text.lower()) if t not in stop]
+        out.append(stemmer.stemWords(toks) if stemmer else toks)
+    return out
+
+
+def _lucene_idf(n_docs: int, df: float) -> float:
+    return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
+
+
+def _rank_bm25_lucene(corpus_tokens: list[list[str]], k1: float, b: float) -> Any:
+    from rank_bm25 import BM25Okapi
+
+    class LuceneBM25Okapi(BM25Okapi):
+        def _calc_idf(self, nd: dict[str, int]) -> None:
+            self.idf = {word: _lucene_idf(self.corpus_size, freq) for word, freq in nd.items()}
+            self.average_idf = sum(self.idf.values()) / max(1, len(self.idf))
+
+    return LuceneBM25Okapi(corpus_tokens, k1=k1, b=b)
+
+
+class BM25Index:
+    def __init__(self, backend: str = "bm25s", k1: float = 1.5, b: float = 0.75, stopwords: bool = True, stem: bool = True):
+        if backend not in BACKENDS:
+            raise RagError(f"retriever bm25 backend must be one of {BACKENDS}, got {backend!r}")
+        if not k1 > 0 or not 0 <= b <= 1:
+            raise RagError(f"bm25 parameters out of range: k1={k1} (> 0), b={b} (in [0, 1])")
+        self.backend, self.k1, self.b = backend, float(k1), float(b)
+        self.stopwords, self.stem = bool(stopwords), bool(stem)
+        self.model: Any = None
+        self.n_docs = 0
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"backend": self.backend, "k1": self.k1, "b": self.b, "stopwords": self.stopwords,
+                "stem": self.stem, "idf": "lucene"}
+
+    @property
+    def persistent(self) -> bool:
+        """bm25s saves to .npy/.json files; rank_bm25 has no file format (it is rebuilt in memory)."""
+        return self.backend == "bm25s"
+
+    def _tok(self, texts: list[str]) -> list[list[str]]:
+        return tokenize(texts, self.stopwords, self.stem)
+
+    def build(self, texts: list[str]) -> "BM25Index":
+        tokens = self._tok(texts)
+        self.n_docs = len(tokens)
+        if self.backend == "bm25s":
+            import bm25s
+
+            self.model = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
+            self.model.index(tokens, show_progress=False)
+        else:
+            self.model = _rank_bm25_lucene(tokens, self.k1, self.b)
+        return self
+
+    def save(self, directory: Path) -> None:
+        self.model.save(str(directory), show_progress=False)
+
+    def load(self, directory: Path) -> "BM25Index":
+        import bm25s
+
+        self.model = bm25s.BM25.load(str(directory), mmap=False, allow_pickle=False)
+        self.n_docs = int(self.model.scores["num_docs"])
+        return self
+
+    def search(self, queries: list[str], n: int, allowed: np.ndarray | None = None) -> Hits:
+        """Top-n chunk rows per query. Rows scoring 0 (no query term) are left out: they carry
+        no lexical evidence, and rank-based fusion would otherwise credit them."""
+        n = max(1, min(n, self.n_docs))
+        q_tokens = self._tok(queries)
+        mask = None
+        if allowed is not None:
+            mask = np.zeros(self.n_docs, np.float32)
+            mask[np.asarray(allowed, np.int64)] = 1.0
+        if self.backend == "bm25s":
+            ids, scores = self._search_bm25s(q_tokens, n, mask)
+        else:
+            ids, scores = self._search_rank_bm25(q_tokens, n, mask)
+        ids = np.where(scores > 0, ids, -1)
+        scores = np.where(scores > 0, scores, -np.inf)
+        return Hits(ids, scores)
+
+    def _search_bm25s(self, q_tokens: list[list[str]], n: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        # bm25s rejects a query with no known token; such queries simply have no lexical hits.
+        vocab = self.model.vocab_dict
+        known = [[t for t in toks if t in vocab] for toks in q_tokens]
+        ids = np.full((len(known), n), -1, np.int64)
+        scores = np.zeros((len(known), n), np.float32)
+        rows = [i for i, toks in enumerate(known) if toks]
+        if rows:
+            res = self.model.retrieve([known[i] for i in rows], k=n, show_progress=False, weight_mask=mask, n_threads=1)
+            ids[rows] = res.documents
+            scores[rows] = res.scores
+        return ids, scores
+
+    def _search_rank_bm25(self, q_tokens: list[list[str]], n: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.empty((len(q_tokens), n), np.int64)
+        scores = np.empty((len(q_tokens), n), np.float32)
+        for qi, toks in enumerate(q_tokens):
+            s = np.asarray(self.model.get_scores(toks), np.float32)
+            if mask is not None:
+                s = s * mask
+            top = np.argpartition(-s, n - 1)[:n] if n < len(s) else np.arange(len(s))
+            top = top[np.lexsort((top, -s[top]))]  # by score, ties by row, as bm25s does
+            ids[qi], scores[qi] = top, s[top]
+        return ids, scores

@@ -1,0 +1,168 @@
+"""Content-addressed artifact cache.
+
+An artifact (rendered corpus, chunks, vectors, index, BM25 index) is a directory
+`<root>/<kind>/<key>/` holding its payload files and a `manifest.json`. The key is a hash of
+everything that determines the artifact: the config subset that builds it plus the keys of the
+artifacts it is built from, so a change upstream changes every key downstream and nothing else.
+
+Writes are atomic: the builder fills `<root>/<kind>/tmp-<pid>-<rand>/`, a manifest with per-file
+checksums is added, and the directory is renamed into place. A file lock (`fcntl.flock`) per key
+makes parallel jobs that need the same artifact build it once; the others wait and reuse it.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+KEY_CHARS = 20  # 80 bits of sha256: collision-free for any realistic cache
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+
+
+def make_key(kind: str, params: Mapping[str, Any], parents: Mapping[str, str] | None = None) -> str:
+    """sha256 of the canonical JSON of (kind, params, parent keys)."""
+    payload = canonical_json({"kind": kind, "params": params, "parents": dict(parents or {})})
+    return hashlib.sha256(payload.encode()).hexdigest()[:KEY_CHARS]
+
+
+def file_sha256(path: Path, bufsize: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(bufsize):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a result file so that a reader sees either the old file or the complete new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass(frozen=True)
+class Artifact:
+    kind: str
+    key: str
+    path: Path
+    manifest: dict[str, Any]
+    hit: bool  # True when it was found in the cache rather than built by this call
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+
+class ArtifactCache:
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    def path(self, kind: str, key: str) -> Path:
+        return self.root / kind / key
+
+    def _read_manifest(self, path: Path) -> dict[str, Any] | None:
+        try:
+            return json.loads((path / MANIFEST).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def _valid(self, path: Path, manifest: dict[str, Any] | None, verify: bool) -> bool:
+        if manifest is None:
+            return False
+        for name, meta in manifest.get("files", {}).items():
+            f = path / name
+            if not f.is_file() or f.stat().st_size != meta["size"]:
+                return False
+            if verify and file_sha256(f) != meta["sha256"]:
+                return False
+        return True
+
+    def lookup(self, kind: str, key: str, verify: bool = False) -> Artifact | None:
+        path = self.path(kind, key)
+        manifest = self._read_manifest(path)
+        if path.is_dir() and self._valid(path, manifest, verify):
+            return Artifact(kind, key, path, manifest or {}, hit=True)
+        return None
+
+    @contextlib.contextmanager
+    def _lock(self, kind: str, key: str) -> Iterator[None]:
+        lock_path = self.root / kind / f".{key}.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock_path, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def get_or_build(
+        self,
+        kind: str,
+        key: str,
+        build: Callable[[Path], Mapping[str, Any] | None],
+        inputs: Mapping[str, Any] | None = None,
+    ) -> Artifact:
+        """Return the artifact `kind/key`, building it with `build(tmp_dir)` when it is missing.
+
+        `build` writes its payload files into `tmp_dir` and may return extra manifest fields.
+        """
+        found = self.lookup(kind, key)
+        if found is not None:
+            return found
+        with self._lock(kind, key):
+            found = self.lookup(kind, key)  # another process may have built it while we waited
+            if found is not None:
+                return found
+            final = self.path(kind, key)
+            if final.exists():  # an incomplete or corrupted leftover: never reuse it
+                log.warning("cache: %s/%s is incomplete or corrupted; rebuilding it", kind, key)
+                shutil.rmtree(final)
+            tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f"tmp-{os.getpid()}-"))
+            try:
+                t0 = time.perf_counter()
+                extra = dict(build(tmp) or {})
+                files = {
+                    p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+                    for p in sorted(tmp.iterdir())
+                    if p.is_file()
+                }
+                manifest = {
+                    "kind": kind,
+                    "key": key,
+                    "inputs": dict(inputs or {}),
+                    "files": files,
+                    "build_seconds": round(time.perf_counter() - t0, 3),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    **extra,
+                }
+                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+                os.replace(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            return Artifact(kind, key, final, manifest, hit=False)

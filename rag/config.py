@@ -1,0 +1,14 @@
+"""OmegaConf resolvers used by conf/ (registered before Hydra composes the config)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def register_resolvers() -> None:
+    # ${ragrig_root:} lets configs name project files (data/qa/...) independently of the cwd.
+    if not OmegaConf.has_resolver("ragrig_root"):
+        OmegaConf.register_new_resolver("ragrig_root", lambda: str(PROJECT_ROOT))

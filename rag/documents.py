@@ -1,0 +1,119 @@
+"""Loading corpora through the cache, and slicing corpus + questions deterministically.
+
+Rendering man pages or walking torch's docstrings takes tens of seconds, so every corpus (each
+part of a mixed corpus on its own) is cached as `docs.jsonl` under the key of its `fingerprint()`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rag.cache import ArtifactCache, make_key
+from rag.types import Document, QAItem, RagError
+
+log = logging.getLogger(__name__)
+
+DOCS_FILE = "docs.jsonl"
+
+
+def load_corpus(corpus: Any, cache: ArtifactCache) -> tuple[list[Document], list[str]]:
+    """Returns (documents, skipped inputs). A corpus with `parts` is loaded part by part."""
+    parts = getattr(corpus, "parts", None)
+    if parts:
+        docs: list[Document] = []
+        skipped: list[str] = []
+        for part in parts:
+            d, s = load_corpus(part, cache)
+            docs.extend(d)
+            skipped.extend(s)
+        check_unique_ids([d.id for d in docs], "corpus")
+        return docs, skipped
+
+    fingerprint = corpus.fingerprint()
+    key = make_key("corpus", fingerprint)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        loaded = corpus.load()
+        with open(tmp / DOCS_FILE, "w", encoding="utf-8") as f:
+            for d in loaded:
+                f.write(json.dumps(d.to_json(), ensure_ascii=False) + "\n")
+        return {"n_docs": len(loaded), "skipped": list(getattr(corpus, "skipped", []) or [])}
+
+    art = cache.get_or_build("corpus", key, build, inputs=fingerprint)
+    with open(art.file(DOCS_FILE), encoding="utf-8") as f:
+        docs = [Document.from_json(json.loads(line)) for line in f]
+    log.info("corpus %s: %d documents (%s)", type(corpus).__name__, len(docs), "cached" if art.hit else "built")
+    return docs, list(art.manifest.get("skipped", []))
+
+
+def check_unique_ids(ids: list[str], what: str) -> None:
+    dupes = [i for i, n in Counter(ids).items() if n > 1]
+    if dupes:
+        raise RagError(f"{what}: duplicate id(s) {dupes[:5]}{' ...' if len(dupes) > 5 else ''}")
+
+
+def content_fingerprint(docs: list[Document]) -> str:
+    """Hash of the documents' ids, sources and texts: the identity of a (sliced) corpus."""
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(d.id.encode())
+        h.update(b"\0")
+        h.update(d.source.encode())
+        h.update(b"\0")
+        h.update(d.text.encode())
+        h.update(b"\1")
+    return h.hexdigest()
+
+
+def _stable_order(ids: list[str], seed: int) -> list[str]:
+    # A hash order rather than random.sample: adding one document does not reshuffle the slice.
+    return sorted(ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
+
+
+def check_questions(qa: list[QAItem], docs: list[Document]) -> None:
+    if not qa:
+        raise RagError("qa: the question set is empty")
+    check_unique_ids([q.id for q in qa], "qa")
+    known = {d.id for d in docs}
+    missing = [q for q in qa if q.source is not None and q.source not in known]
+    if missing:
+        first = missing[0]
+        raise RagError(
+            f"qa: question {first.id!r} names source {first.source!r}, which is not a document of the corpus"
+            + (f" ({len(missing) - 1} more questions have the same problem)" if len(missing) > 1 else "")
+        )
+
+
+def slice_questions(qa: list[QAItem], per_corpus: int | None, seed: int) -> list[QAItem]:
+    """At most `per_corpus` questions of each corpus tag, chosen by a stable hash order."""
+    if per_corpus is None:
+        return qa
+    if per_corpus <= 0:
+        raise RagError(f"slice.questions_per_corpus must be positive or null, got {per_corpus}")
+    by_corpus: dict[str | None, list[str]] = {}
+    for q in qa:
+        by_corpus.setdefault(q.corpus, []).append(q.id)
+    keep = {i for ids in by_corpus.values() for i in _stable_order(ids, seed)[:per_corpus]}
+    return [q for q in qa if q.id in keep]
+
+
+def slice_documents(docs: list[Document], qa: list[QAItem], per_source: int | None, seed: int) -> list[Document]:
+    """Every document a kept question names, plus distractors up to `per_source` per source tag."""
+    if per_source is None:
+        return docs
+    if per_source <= 0:
+        raise RagError(f"slice.docs_per_source must be positive or null, got {per_source}")
+    needed = {q.source for q in qa if q.source is not None}
+    by_source: dict[str, list[str]] = {}
+    for d in docs:
+        by_source.setdefault(d.source, []).append(d.id)
+    keep = set(needed)
+    for ids in by_source.values():
+        n_needed = sum(1 for i in ids if i in needed)
+        others = [i for i in _stable_order(ids, seed) if i not in needed]
+        keep.update(others[: max(0, per_source - n_needed)])
+    return [d for d in docs if d.id in keep]

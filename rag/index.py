@@ -1,0 +1,183 @@
+"""FAISS vector indexes behind one small interface.
+
+`build(vectors)`, `search(queries, n, allowed=None) -> Hits`, `save(path)`, `load(path)`.
+Scores are "higher is better": inner products as they are, L2 distances negated. `allowed`
+restricts the search to a set of rows (metadata filtering) with FAISS's own ID selectors, so the
+filter is applied inside the search rather than by over-fetching and dropping results.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from rag.types import Hits, RagError
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "index.faiss"
+
+
+class VectorIndex:
+    """Base class: subclasses create the FAISS index in `_new` and may tune search params."""
+
+    metric: str = "l2"
+
+    def __init__(self) -> None:
+        self.index: Any = None
+
+    # The artifact cache key of an index: everything that determines the built structure.
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"type": type(self).__name__, "metric": self.metric}
+
+    def _new(self, dim: int, n: int) -> Any:
+        raise NotImplementedError
+
+    def _search_params(self, selector: Any) -> Any:
+        return faiss.SearchParameters(sel=selector)
+
+    def build(self, vectors: np.ndarray, batch_size: int = 65536) -> "VectorIndex":
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[0] == 0:
+            raise RagError(f"index: need a non-empty 2-d array of vectors, got shape {vectors.shape}")
+        self.index = self._new(vectors.shape[1], vectors.shape[0])
+        if not self.index.is_trained:
+            self.index.train(vectors)
+        # Adding in bounded batches keeps the temporary copies FAISS makes small.
+        for i in range(0, len(vectors), batch_size):
+            self.index.add(vectors[i : i + batch_size])
+        self._after_build()
+        return self
+
+    def _after_build(self) -> None:
+        pass
+
+    @property
+    def dim(self) -> int:
+        return int(self.index.d)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    def search(self, queries: np.ndarray, n: int, allowed: np.ndarray | None = None) -> Hits:
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if queries.shape[1] != self.dim:
+            raise RagError(
+                f"index: query dimension {queries.shape[1]} differs from the index dimension {self.dim} "
+                "(embedder changed? the index must be rebuilt with the same embedder)"
+            )
+        n = max(1, min(n, self.ntotal))
+        if allowed is None:
+            dist, ids = self.index.search(queries, n)
+        else:
+            allowed = np.ascontiguousarray(allowed, dtype=np.int64)
+            if allowed.size == 0:
+                return Hits.empty(len(queries), n)
+            sel = faiss.IDSelectorBatch(allowed)
+            dist, ids = self.index.search(queries, n, params=self._search_params(sel))
+        scores = dist if self.metric == "ip" else -dist
+        scores = np.where(ids >= 0, scores, -np.inf)
+        return Hits(ids, scores)
+
+    def save(self, directory: Path) -> None:
+        faiss.write_index(self.index, str(Path(directory) / INDEX_FILE))
+
+    def load(self, directory: Path) -> "VectorIndex":
+        self.index = faiss.read_index(str(Path(directory) / INDEX_FILE))
+        self._after_build()
+        return self
+
+
+def _metric(metric: str) -> int:
+    if metric == "l2":
+        return faiss.METRIC_L2
+    if metric == "ip":
+        return faiss.METRIC_INNER_PRODUCT
+    raise RagError(f"index.metric must be 'l2' or 'ip', got {metric!r}")
+
+
+class FlatL2Index(VectorIndex):
+    """Exact search by Euclidean distance (faiss.IndexFlatL2)."""
+
+    metric = "l2"
+
+    def _new(self, dim: int, n: int) -> Any:
+        return faiss.IndexFlatL2(dim)
+
+
+class FlatIPIndex(VectorIndex):
+    """Exact search by inner product; cosine similarity when vectors are normalized."""
+
+    metric = "ip"
+
+    def _new(self, dim: int, n: int) -> Any:
+        return faiss.IndexFlatIP(dim)
+
+
+class HNSWIndex(VectorIndex):
+    """Approximate search on a hierarchical navigable small-world graph (faiss.IndexHNSWFlat)."""
+
+    def __init__(self, M: int = 32, ef_construction: int = 200, ef_search: int = 128, metric: str = "l2"):
+        super().__init__()
+        for name, v in (("M", M), ("ef_construction", ef_construction), ("ef_search", ef_search)):
+            if int(v) <= 0:
+                raise RagError(f"index.{name} must be positive, got {v}")
+        self.M, self.ef_construction, self.ef_search = int(M), int(ef_construction), int(ef_search)
+        _metric(metric)
+        self.metric = metric
+
+    @property
+    def params(self) -> dict[str, Any]:
+        # ef_search is a query-time knob, not part of the built graph, so it stays out of the key.
+        return {**super().params, "M": self.M, "ef_construction": self.ef_construction}
+
+    def _new(self, dim: int, n: int) -> Any:
+        index = faiss.IndexHNSWFlat(dim, self.M, _metric(self.metric))
+        index.hnsw.efConstruction = self.ef_construction
+        return index
+
+    def _after_build(self) -> None:
+        self.index.hnsw.efSearch = self.ef_search
+
+    def _search_params(self, selector: Any) -> Any:
+        return faiss.SearchParametersHNSW(sel=selector, efSearch=self.ef_search)
+
+
+class IVFIndex(VectorIndex):
+    """Inverted file over k-means cells (faiss.IndexIVFFlat); `nprobe` cells are scanned a query."""
+
+    # FAISS warns below ~39 training points per centroid; fewer cells than that on a small corpus.
+    MIN_POINTS_PER_CELL = 39
+
+    def __init__(self, nlist: int = 1024, nprobe: int = 16, metric: str = "l2"):
+        super().__init__()
+        if int(nlist) <= 0 or int(nprobe) <= 0:
+            raise RagError(f"index.nlist and index.nprobe must be positive, got nlist={nlist} nprobe={nprobe}")
+        self.nlist, self.nprobe = int(nlist), int(nprobe)
+        _metric(metric)
+        self.metric = metric
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {**super().params, "nlist": self.nlist}
+
+    def effective_nlist(self, n: int) -> int:
+        return max(1, min(self.nlist, n // self.MIN_POINTS_PER_CELL))
+
+    def _new(self, dim: int, n: int) -> Any:
+        nlist = self.effective_nlist(n)
+        if nlist < self.nlist:
+            log.info("index: %d vectors support only %d IVF cells (asked for %d)", n, nlist, self.nlist)
+        quantizer = faiss.IndexFlatL2(dim) if self.metric == "l2" else faiss.IndexFlatIP(dim)
+        return faiss.IndexIVFFlat(quantizer, dim, nlist, _metric(self.metric))
+
+    def _after_build(self) -> None:
+        self.index.nprobe = min(self.nprobe, self.index.nlist)
+
+    def _search_params(self, selector: Any) -> Any:
+        return faiss.SearchParametersIVF(sel=selector, nprobe=min(self.nprobe, self.index.nlist))

@@ -1,0 +1,201 @@
+"""One run: the same stages in the same order for every configuration.
+
+corpus -> slice -> chunks -> (vectors + index, BM25) -> retrieve (+ fuse) -> rerank -> generate
+-> score -> write. A version preset (`+version=v2`) is only a set of config choices; nothing here
+asks which version it is.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from eval.scoring import ScoreSettings, score
+from rag.artifacts import Artifacts, ChunkSet
+from rag.cache import ArtifactCache, atomic_write_text, make_key
+from rag.documents import check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions
+from rag.timing import StageTimer
+from rag.types import Chunk, Document, RagError
+
+log = logging.getLogger(__name__)
+
+CHUNKS_FILE = "chunks.jsonl"
+
+
+def build_chunks(chunker: Any, chunker_cfg: dict[str, Any], docs: list[Document], cache: ArtifactCache) -> tuple[ChunkSet, bool]:
+    corpus_fp = content_fingerprint(docs)
+    key = make_key("chunks", chunker_cfg, {"corpus": corpus_fp})
+
+    def build(tmp: Path) -> dict[str, Any]:
+        n = 0
+        with open(tmp / CHUNKS_FILE, "w", encoding="utf-8") as f:
+            for doc in tqdm(docs, desc="chunking", unit="doc", mininterval=2.0, leave=False):
+                for c in chunker.split(doc):
+                    f.write(json.dumps(c.to_json(), ensure_ascii=False) + "\n")
+                    n += 1
+        if n == 0:
+            raise RagError("chunker produced no chunks: every document is empty")
+        return {"n_chunks": n}
+
+    art = cache.get_or_build("chunks", key, build, inputs={"chunker": chunker_cfg, "corpus": corpus_fp})
+    with open(art.file(CHUNKS_FILE), encoding="utf-8") as f:
+        chunks = [Chunk.from_json(json.loads(line)) for line in f]
+    return ChunkSet(key, chunks), art.hit
+
+
+def build(node: Any) -> Any:
+    """`hydra.utils.instantiate`, unwrapping our own one-line errors from Hydra's wrapper so that
+    a bad config value reads as itself rather than as an instantiation traceback."""
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as e:
+        cause = e.__cause__
+        while cause is not None and not isinstance(cause, RagError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise
+
+
+def _container(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
+    """Runs the pipeline described by `cfg` and writes results into `output_dir`.
+    Returns the metrics document (also written as metrics.json)."""
+    output_dir = Path(output_dir)
+    timer = StageTimer()
+    cache = ArtifactCache(cfg.paths.cache)
+
+    # Build every component first: a bad config value fails here, before any expensive stage.
+    settings = ScoreSettings(
+        k=cfg.eval.k,
+        tau_recall=cfg.eval.tau_recall,
+        tau_h=cfg.eval.tau_h,
+        metrics=tuple(cfg.eval.metrics),
+        bootstrap_resamples=cfg.eval.bootstrap.resamples,
+        bootstrap_seed=cfg.eval.bootstrap.seed,
+    )
+    corpus = build(cfg.corpus)
+    questions = build(cfg.qa)
+    chunker = build(cfg.chunker)
+    build(cfg.fusion)  # validated even when the retriever does not fuse, so a bad sweep value fails fast
+    retriever = build(cfg.retriever)
+    reranker = build(cfg.reranker)
+    generator = build(cfg.llm)
+    eval_embedder = build(cfg.eval.embedder)
+
+    with timer.stage("corpus"):
+        all_docs, skipped = load_corpus(corpus, cache)
+        all_qa = questions.load()
+        check_questions(all_qa, all_docs)
+        qa = slice_questions(all_qa, cfg.slice.questions_per_corpus, cfg.slice.seed)
+        docs = slice_documents(all_docs, qa, cfg.slice.docs_per_source, cfg.slice.seed)
+
+    with timer.stage("chunk"):
+        chunk_set, chunks_hit = build_chunks(chunker, _container(cfg.chunker), docs, cache)
+    log.info("%d documents -> %d chunks; %d questions", len(docs), len(chunk_set), len(qa))
+
+    artifacts = Artifacts(cache, chunk_set, timer)
+    artifacts.record["chunks"] = {"key": chunk_set.key, "hit": chunks_hit}
+    retriever.prepare(artifacts)
+
+    k = settings.k
+    depth = max(k, int(getattr(reranker, "top_n", 0) or 0))
+    if depth > len(chunk_set):
+        log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", depth, len(chunk_set))
+    queries = [q.question for q in qa]
+    filters = retriever.filters_for([q.corpus for q in qa])
+
+    t0 = time.perf_counter()
+    with timer.stage("retrieve"):
+        fused = retriever.search(queries, depth, filters)
+    retrieve_s = time.perf_counter() - t0
+
+    with timer.stage("rerank"):
+        hits = reranker.rerank(queries, fused, chunk_set.chunks, k)
+
+    contexts = [[chunk_set.chunks[r].text for r in hits.ids[q] if r >= 0] for q in range(len(qa))]
+    with timer.stage("generate"):
+        answers = generator.generate(queries, contexts)
+
+    with timer.stage("score"):
+        # Reuse cached chunk vectors only if they were made by the evaluation embedder itself.
+        eval_vectors_key = artifacts.vectors_key(eval_embedder)
+        chunk_vectors = None
+        if cache.lookup("vectors", eval_vectors_key) is not None:
+            chunk_vectors = artifacts.vectors(eval_embedder)
+        records, aggregates = score(qa, hits, chunk_set.chunks, eval_embedder, settings, answers, chunk_vectors)
+
+    objective_name = cfg.objective
+    overall = aggregates["overall"]
+    if objective_name not in overall:
+        raise RagError(f"objective {objective_name!r} is not among the reported metrics {sorted(overall)}")
+    result = {
+        "variant": cfg.get("variant", "custom"),
+        "objective": {"name": objective_name, "value": overall[objective_name]["mean"]},
+        "metrics": overall,
+        "by_corpus": aggregates["by_corpus"],
+        "counts": {
+            "documents": len(docs),
+            "documents_in_full_corpus": len(all_docs),
+            "chunks": len(chunk_set),
+            "questions": len(qa),
+            "skipped_inputs": len(skipped),
+        },
+        "latency": {
+            # Retrieval runs batched; this is the batch time divided by the number of questions.
+            "retrieve_ms_per_question": round(1000 * retrieve_s / max(1, len(qa)), 3),
+        },
+        "timings_s": timer.as_dict(),
+        "artifacts": artifacts.record,
+        "config": _container(cfg),
+    }
+    write_results(output_dir, result, records)
+    return result
+
+
+def write_results(output_dir: Path, result: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Results are written whole or not at all (temporary file, then rename); metrics.json goes
+    last, so its presence marks a finished run."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(
+        output_dir / "per_question.jsonl",
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+    )
+    atomic_write_text(output_dir / "config_resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(result["config"])))
+    atomic_write_text(output_dir / "metrics.json", json.dumps(result, indent=2, default=_json_default))
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    return str(o)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """A short plain-text table of the run's metrics (overall and per question corpus)."""
+    metrics = list(result["metrics"])
+    corpora = list(result["by_corpus"])
+    header = f"{'metric':<16}{'all':>22}" + "".join(f"{c:>12}" for c in corpora)
+    lines = [f"variant {result['variant']}: {result['counts']['questions']} questions, "
+             f"{result['counts']['documents']} documents, {result['counts']['chunks']} chunks", header]
+    for m in metrics:
+        o = result["metrics"][m]
+        cell = f"{o['mean']:.3f} [{o['ci95'][0]:.3f},{o['ci95'][1]:.3f}]"
+        per = "".join(
+            f"{result['by_corpus'][c][m]['mean']:>12.3f}" if m in result["by_corpus"][c] else f"{'-':>12}" for c in corpora
+        )
+        lines.append(f"{m:<16}{cell:>22}{per}")
+    t = result["timings_s"]
+    lines.append("stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()))
+    return "\n".join(lines)

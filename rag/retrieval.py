@@ -1,0 +1,144 @@
+"""Retrievers: dense (embedder + vector index), BM25, and hybrid (both, fused).
+
+A retriever is built by Hydra from `conf/retriever/*.yaml`, then `prepare(artifacts)` builds or
+loads what it searches (through the artifact cache), then `search(queries, n, filters)` returns
+`Hits` over chunk rows. `filters[q]` is the set of source tags question q may see, or None.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from rag.artifacts import Artifacts
+from rag.bm25 import BM25Index
+from rag.embedding import SentenceTransformerEmbedder
+from rag.fusion import Fusion
+from rag.index import VectorIndex
+from rag.types import Hits, RagError
+
+SourceFilter = frozenset[str] | None
+
+
+class Retriever:
+    def __init__(self, source_filter: Any = None) -> None:
+        self._artifacts: Artifacts | None = None
+        self.source_filter = dict(source_filter or {})
+        # Fail at construction, before any expensive stage, on a bad filter config.
+        self.filters_for([])
+
+    def filters_for(self, question_corpora: list[str | None]) -> list[SourceFilter]:
+        f = self.source_filter
+        return source_filters(f.get("mode"), f.get("groups"), f.get("sources"), question_corpora)
+
+    def prepare(self, artifacts: Artifacts) -> "Retriever":
+        self._artifacts = artifacts
+        self._prepare(artifacts)
+        return self
+
+    def _prepare(self, artifacts: Artifacts) -> None:
+        raise NotImplementedError
+
+    def search(self, queries: list[str], n: int, filters: list[SourceFilter] | None = None) -> Hits:
+        """Searches once per distinct filter, so a batch of questions is a handful of calls."""
+        if self._artifacts is None:
+            raise RuntimeError(f"{type(self).__name__}.search called before prepare()")
+        filters = filters or [None] * len(queries)
+        groups: dict[SourceFilter, list[int]] = defaultdict(list)
+        for q, f in enumerate(filters):
+            groups[f].append(q)
+        out = Hits.empty(len(queries), n)
+        for f, qs in groups.items():
+            allowed = None if f is None else self._artifacts.chunk_set.rows_of_sources(f)
+            hits = self._search([queries[q] for q in qs], n, allowed)
+            w = min(n, hits.width)
+            out.ids[qs, :w] = hits.ids[:, :w]
+            out.scores[qs, :w] = hits.scores[:, :w]
+        return out
+
+    def _search(self, queries: list[str], n: int, allowed: np.ndarray | None) -> Hits:
+        raise NotImplementedError
+
+
+class DenseRetriever(Retriever):
+    def __init__(self, embedder: SentenceTransformerEmbedder, index: VectorIndex, source_filter: Any = None):
+        super().__init__(source_filter)
+        self.embedder, self.index = embedder, index
+
+    def _prepare(self, artifacts: Artifacts) -> None:
+        artifacts.vector_index(self.embedder, self.index)
+
+    def _search(self, queries: list[str], n: int, allowed: np.ndarray | None) -> Hits:
+        return self.index.search(self.embedder.encode_queries(queries), n, allowed)
+
+
+class BM25Retriever(Retriever):
+    def __init__(
+        self,
+        backend: str = "bm25s",
+        k1: float = 1.5,
+        b: float = 0.75,
+        stopwords: bool = True,
+        stem: bool = True,
+        source_filter: Any = None,
+    ):
+        super().__init__(source_filter)
+        self.bm25 = BM25Index(backend=backend, k1=k1, b=b, stopwords=stopwords, stem=stem)
+
+    def _prepare(self, artifacts: Artifacts) -> None:
+        artifacts.bm25(self.bm25)
+
+    def _search(self, queries: list[str], n: int, allowed: np.ndarray | None) -> Hits:
+        return self.bm25.search(queries, n, allowed)
+
+
+class HybridRetriever(Retriever):
+    """Dense and lexical candidates (`candidates` each), fused into one ranking."""
+
+    def __init__(
+        self,
+        dense: DenseRetriever,
+        lexical: BM25Retriever,
+        fusion: Fusion,
+        candidates: int = 100,
+        source_filter: Any = None,
+    ):
+        super().__init__(source_filter)
+        if int(candidates) <= 0:
+            raise RagError(f"retriever.candidates must be positive, got {candidates}")
+        self.dense, self.lexical, self.fusion, self.candidates = dense, lexical, fusion, int(candidates)
+
+    def _prepare(self, artifacts: Artifacts) -> None:
+        self.dense.prepare(artifacts)
+        self.lexical.prepare(artifacts)
+
+    def _search(self, queries: list[str], n: int, allowed: np.ndarray | None) -> Hits:
+        width = max(n, self.candidates)
+        lists = [r._search(queries, width, allowed) for r in (self.dense, self.lexical)]
+        return self.fusion(lists, n)
+
+
+def source_filters(mode: str | None, groups: Any, sources: Any, question_corpora: list[str | None]) -> list[SourceFilter]:
+    """Per-question allowed source tags.
+
+    - mode None/"none": no filtering.
+    - "fixed": every question sees only `sources`.
+    - "question": a question tagged with corpus c sees the sources of the group that contains c
+      (e.g. PubMed questions search PubMed, libc/PyTorch questions search the technical docs);
+      an untagged question is not filtered.
+    """
+    if mode in (None, "none"):
+        return [None] * len(question_corpora)
+    if mode == "fixed":
+        if not sources:
+            raise RagError("retriever.source_filter.sources must list at least one source when mode=fixed")
+        f = frozenset(sources)
+        return [f] * len(question_corpora)
+    if mode == "question":
+        group_of: dict[str, frozenset[str]] = {}
+        for g in groups or []:
+            for s in g:
+                group_of[s] = frozenset(g)
+        return [None if c is None else group_of.get(c, frozenset([c])) for c in question_corpora]
+    raise RagError(f"retriever.source_filter.mode must be none, fixed or question, got {mode!r}")

@@ -1,0 +1,118 @@
+"""The data that flows between stages.
+
+Documents and chunks are small frozen records; retrieval results (`Hits`) are arrays over chunk
+row numbers so that fusion and metrics stay vectorized.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class RagError(Exception):
+    """A user-facing error: its message is one line that names the offending file, field or value."""
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    text: str
+    source: str  # "pubmed" | "libc" | "pytorch" | anything a user corpus declares
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Document":
+        return cls(id=d["id"], text=d["text"], source=d["source"], meta=d.get("meta") or {})
+
+
+@dataclass(frozen=True)
+class Chunk:
+    id: str  # f"{doc_id}#{position}"
+    doc_id: str
+    text: str  # always equal to document.text[start:end]
+    source: str
+    start: int
+    end: int
+    position: int  # index of the chunk within its document (for context expansion)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Chunk":
+        return cls(**{**d, "meta": d.get("meta") or {}})
+
+
+def make_chunk(doc: Document, start: int, end: int, position: int, **meta: Any) -> Chunk:
+    return Chunk(
+        id=f"{doc.id}#{position}",
+        doc_id=doc.id,
+        text=doc.text[start:end],
+        source=doc.source,
+        start=start,
+        end=end,
+        position=position,
+        meta=dict(meta),
+    )
+
+
+@dataclass(frozen=True)
+class QAItem:
+    id: str
+    question: str
+    answer: str  # ground truth G
+    source: str | None = None  # id of the document that holds the answer, when known
+    corpus: str | None = None  # the source tag of that document ("pubmed", "libc", ...)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Hits:
+    """Top-n results for a batch of queries: `ids[q, j]` is a chunk row (-1 = empty slot) and
+    `scores[q, j]` its score, higher is better, rows sorted by descending score."""
+
+    ids: np.ndarray  # int64 [q, n]
+    scores: np.ndarray  # float32 [q, n]
+
+    def __post_init__(self) -> None:
+        self.ids = np.asarray(self.ids, dtype=np.int64)
+        self.scores = np.asarray(self.scores, dtype=np.float32)
+        if self.ids.shape != self.scores.shape or self.ids.ndim != 2:
+            raise ValueError(f"Hits: ids {self.ids.shape} and scores {self.scores.shape} must be equal 2-d shapes")
+
+    @property
+    def n_queries(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.ids.shape[1]
+
+    @classmethod
+    def empty(cls, n_queries: int, width: int) -> "Hits":
+        return cls(np.full((n_queries, width), -1, np.int64), np.full((n_queries, width), -np.inf, np.float32))
+
+    @classmethod
+    def from_rows(cls, rows: list[list[tuple[int, float]]], width: int) -> "Hits":
+        """Build from per-query lists of (chunk row, score), already sorted best first."""
+        out = cls.empty(len(rows), width)
+        for q, row in enumerate(rows):
+            for j, (i, s) in enumerate(row[:width]):
+                out.ids[q, j] = i
+                out.scores[q, j] = s
+        return out
+
+    def top(self, k: int) -> "Hits":
+        return Hits(self.ids[:, :k].copy(), self.scores[:, :k].copy())
+
+    def row(self, q: int) -> list[tuple[int, float]]:
+        """Valid (chunk row, score) pairs of query q, best first."""
+        return [(int(i), float(s)) for i, s in zip(self.ids[q], self.scores[q]) if i >= 0]

@@ -1,0 +1,76 @@
+"""BM25: both backends rank alike on the same tokens, filters apply, bm25s persists."""
+import numpy as np
+import pytest
+
+from rag.bm25 import BM25Index, tokenize
+from rag.types import RagError
+
+CORPUS = [
+    "The fcntl system call manipulates file descriptors and record locks.",
+    "mmap creates a new mapping in the virtual address space of the calling process.",
+    "malloc allocates size bytes and returns a pointer to the allocated memory.",
+    "A forward hook is called every time after forward has computed an output.",
+    "The optimizer AdamW implements Adam with decoupled weight decay.",
+    "Signals are delivered to a process; sigaction changes the action taken on a signal.",
+    "pthread_create starts a new thread in the calling process.",
+    "The DataLoader combines a dataset and a sampler and iterates over the dataset.",
+    "Memory mappings created by mmap are unmapped with munmap.",
+    "Record locks placed with fcntl are released when the file descriptor is closed.",
+    "Weight decay in AdamW is applied directly to the weights rather than the gradient.",
+    "A pointer returned by malloc must be released with free.",
+]
+QUERIES = ["fcntl record locks", "mmap memory mapping", "adamw weight decay", "malloc free pointer", "thread process"]
+
+
+def test_tokenize_keeps_identifiers_whole_and_stems():
+    toks = tokenize(["Setting O_NONBLOCK with register_forward_hook mappings"])[0]
+    assert "o_nonblock" in toks and "register_forward_hook" in toks
+    assert "map" in toks  # "mappings" stemmed
+    assert "with" not in toks  # stopword
+
+
+def test_backends_rank_alike():
+    a = BM25Index("bm25s").build(CORPUS).search(QUERIES, 5)
+    b = BM25Index("rank_bm25").build(CORPUS).search(QUERIES, 5)
+    np.testing.assert_array_equal(a.ids, b.ids)
+    # Same function up to the constant (k1 + 1) that Lucene drops: the score ratios agree.
+    valid = a.ids >= 0
+    ratio = b.scores[valid] / a.scores[valid]
+    np.testing.assert_allclose(ratio, ratio[0], rtol=1e-4)
+
+
+def test_expected_documents_rank_first():
+    hits = BM25Index().build(CORPUS).search(QUERIES[:4], 2)
+    assert set(hits.ids[0]) == {0, 9}  # both fcntl record-lock sentences
+    assert set(hits.ids[1]) == {1, 8}  # both mmap sentences
+    assert set(hits.ids[2]) == {4, 10}  # both AdamW sentences
+    assert hits.ids[3, 0] == 11  # the one sentence with malloc, free and pointer
+
+
+def test_documents_without_query_terms_are_not_returned():
+    hits = BM25Index().build(CORPUS).search(["zebra giraffe", "fcntl"], 5)
+    assert (hits.ids[0] == -1).all()
+    assert set(hits.ids[1][hits.ids[1] >= 0]) == {0, 9}
+
+
+@pytest.mark.parametrize("backend", ["bm25s", "rank_bm25"])
+def test_filter_restricts_rows(backend):
+    allowed = np.array([1, 2, 3])
+    hits = BM25Index(backend).build(CORPUS).search(["mmap memory"], 5, allowed=allowed)
+    got = set(hits.ids[0][hits.ids[0] >= 0].tolist())
+    assert got and got <= {1, 2, 3}
+
+
+def test_bm25s_save_and_load(tmp_path):
+    idx = BM25Index("bm25s").build(CORPUS)
+    idx.save(tmp_path)
+    again = BM25Index("bm25s").load(tmp_path)
+    np.testing.assert_array_equal(idx.search(QUERIES, 4).ids, again.search(QUERIES, 4).ids)
+    assert not list(tmp_path.glob("*.pkl"))
+
+
+def test_bad_backend_and_parameters():
+    with pytest.raises(RagError, match="backend"):
+        BM25Index("lucene")
+    with pytest.raises(RagError, match="b="):
+        BM25Index(b=1.5)

@@ -1,0 +1,87 @@
+"""The artifact cache: keys follow their inputs, hits skip the build, writes are atomic,
+corrupted entries are rebuilt."""
+import json
+import threading
+
+import pytest
+
+from rag.cache import ArtifactCache, atomic_write_text, make_key
+
+
+def test_key_depends_on_params_and_parents_not_on_dict_order():
+    a = make_key("chunks", {"size": 512, "overlap": 64}, {"corpus": "c1"})
+    assert a == make_key("chunks", {"overlap": 64, "size": 512}, {"corpus": "c1"})
+    assert a != make_key("chunks", {"size": 256, "overlap": 64}, {"corpus": "c1"})
+    assert a != make_key("chunks", {"size": 512, "overlap": 64}, {"corpus": "c2"})
+    assert a != make_key("vectors", {"size": 512, "overlap": 64}, {"corpus": "c1"})
+
+
+def _writer(calls):
+    def build(tmp):
+        calls.append(1)
+        (tmp / "payload.txt").write_text("hello")
+        return {"note": "built"}
+    return build
+
+
+def test_miss_builds_then_hit_reuses(tmp_path):
+    cache, calls = ArtifactCache(tmp_path), []
+    first = cache.get_or_build("thing", "k1", _writer(calls))
+    second = cache.get_or_build("thing", "k1", _writer(calls))
+    assert (first.hit, second.hit) == (False, True)
+    assert calls == [1]
+    assert second.file("payload.txt").read_text() == "hello"
+    manifest = json.loads((second.path / "manifest.json").read_text())
+    assert manifest["key"] == "k1" and manifest["note"] == "built"
+    assert manifest["files"]["payload.txt"]["size"] == 5
+
+
+def test_failed_build_leaves_nothing_behind(tmp_path):
+    cache = ArtifactCache(tmp_path)
+
+    def broken(tmp):
+        (tmp / "half.txt").write_text("partial")
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        cache.get_or_build("thing", "k", broken)
+    assert cache.lookup("thing", "k") is None
+    assert not [p for p in (tmp_path / "thing").iterdir() if not p.name.startswith(".")]
+
+
+def test_truncated_payload_is_detected_and_rebuilt(tmp_path):
+    cache, calls = ArtifactCache(tmp_path), []
+    art = cache.get_or_build("thing", "k", _writer(calls))
+    art.file("payload.txt").write_text("he")  # truncated
+    again = cache.get_or_build("thing", "k", _writer(calls))
+    assert not again.hit and calls == [1, 1]
+    assert again.file("payload.txt").read_text() == "hello"
+
+
+def test_parallel_builders_build_once(tmp_path):
+    cache, calls = ArtifactCache(tmp_path), []
+    barrier = threading.Barrier(4)
+
+    def slow_build(tmp):
+        calls.append(1)
+        (tmp / "payload.txt").write_text("x" * 1000)
+
+    def worker():
+        barrier.wait()
+        # A separate cache object per thread, as separate processes would have.
+        ArtifactCache(tmp_path).get_or_build("thing", "k", slow_build)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1]
+
+
+def test_atomic_write_text_replaces_whole_file(tmp_path):
+    p = tmp_path / "out" / "metrics.json"
+    atomic_write_text(p, "first")
+    atomic_write_text(p, "second")
+    assert p.read_text() == "second"
+    assert [f.name for f in p.parent.iterdir()] == ["metrics.json"]

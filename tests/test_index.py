@@ -1,0 +1,105 @@
+"""Every index type returns the exact neighbours on a small case; approximate ones within a stated
+recall on a larger structured case; filters restrict results; save/load round-trips."""
+import numpy as np
+import pytest
+
+from rag.index import FlatIPIndex, FlatL2Index, HNSWIndex, IVFIndex
+from rag.types import RagError
+
+
+def unit(x):
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def small():
+    rng = np.random.default_rng(0)
+    return unit(rng.normal(size=(200, 16))), unit(rng.normal(size=(10, 16)))
+
+
+def exact_l2(base, queries, n):
+    d = ((queries[:, None, :] - base[None, :, :]) ** 2).sum(-1)
+    return np.argsort(d, axis=1, kind="stable")[:, :n]
+
+
+ALL = [
+    lambda: FlatL2Index(),
+    lambda: FlatIPIndex(),
+    lambda: HNSWIndex(M=16, ef_construction=100, ef_search=200),
+    lambda: IVFIndex(nlist=4, nprobe=4),  # probing every cell makes IVF exact
+]
+
+
+@pytest.mark.parametrize("make", ALL, ids=["flat_l2", "flat_ip", "hnsw", "ivf"])
+def test_small_case_returns_exact_neighbours(make, small):
+    base, queries = small
+    hits = make().build(base).search(queries, 5)
+    # On unit vectors the L2 and inner-product orders are the same.
+    np.testing.assert_array_equal(hits.ids, exact_l2(base, queries, 5))
+    assert np.all(np.diff(hits.scores, axis=1) <= 1e-6), "scores must be sorted, higher is better"
+
+
+def test_l2_scores_are_negated_distances(small):
+    base, queries = small
+    hits = FlatL2Index().build(base).search(queries[:1], 1)
+    d = ((base[hits.ids[0, 0]] - queries[0]) ** 2).sum()
+    assert hits.scores[0, 0] == pytest.approx(-d, abs=1e-5)
+
+
+@pytest.mark.parametrize("make,min_recall", [(ALL[2], 0.95), (lambda: IVFIndex(nlist=32, nprobe=8), 0.85)], ids=["hnsw", "ivf"])
+def test_approximate_indexes_reach_stated_recall(make, min_recall):
+    # Low-rank structure plus noise: uniform random vectors would make approximate search look broken.
+    rng = np.random.default_rng(1)
+    basis = rng.normal(size=(8, 64))
+    base = unit(rng.normal(size=(4000, 8)) @ basis + 0.3 * rng.normal(size=(4000, 64)))
+    queries = unit(rng.normal(size=(100, 8)) @ basis + 0.3 * rng.normal(size=(100, 64)))
+    truth = FlatL2Index().build(base).search(queries, 10).ids
+    got = make().build(base).search(queries, 10).ids
+    recall = np.mean([len(set(t) & set(g)) / 10 for t, g in zip(truth, got)])
+    assert recall >= min_recall
+
+
+@pytest.mark.parametrize("make", ALL, ids=["flat_l2", "flat_ip", "hnsw", "ivf"])
+def test_filter_keeps_only_allowed_rows(make, small):
+    base, queries = small
+    allowed = np.arange(0, 200, 3)
+    hits = make().build(base).search(queries, 5, allowed=allowed)
+    assert set(hits.ids.ravel()) <= set(allowed.tolist())
+    expected = allowed[exact_l2(base[allowed], queries, 5)]
+    np.testing.assert_array_equal(hits.ids, expected)
+
+
+@pytest.mark.parametrize("make", ALL, ids=["flat_l2", "flat_ip", "hnsw", "ivf"])
+def test_save_and_load_round_trip(make, small, tmp_path):
+    base, queries = small
+    idx = make().build(base)
+    idx.save(tmp_path)
+    again = make().load(tmp_path)
+    np.testing.assert_array_equal(idx.search(queries, 5).ids, again.search(queries, 5).ids)
+
+
+def test_asking_for_more_neighbours_than_vectors_returns_all(small):
+    base, queries = small
+    hits = FlatL2Index().build(base[:3]).search(queries, 10)
+    assert hits.width == 3 and (hits.ids >= 0).all()
+
+
+def test_query_dimension_mismatch_is_a_clear_error(small):
+    base, _ = small
+    with pytest.raises(RagError, match="dimension"):
+        FlatL2Index().build(base).search(np.zeros((1, 8), np.float32), 1)
+
+
+def test_ivf_uses_fewer_cells_on_a_small_corpus(small):
+    base, _ = small
+    idx = IVFIndex(nlist=1024).build(base)
+    assert idx.index.nlist == 200 // IVFIndex.MIN_POINTS_PER_CELL
+
+
+def test_bad_parameters_are_rejected():
+    with pytest.raises(RagError, match="index.M"):
+        HNSWIndex(M=0)
+    with pytest.raises(RagError, match="nlist"):
+        IVFIndex(nlist=0)
+    with pytest.raises(RagError, match="metric"):
+        HNSWIndex(metric="cosine")
