@@ -56,7 +56,9 @@ class Artifacts:
         self.record: dict[str, dict] = {}  # artifact kind -> {key, hit}
 
     def _note(self, kind: str, key: str, hit: bool) -> None:
-        self.record[kind] = {"key": key, "hit": hit}
+        # The first use is the one that says whether this run built the artifact; later reuses
+        # within the same run (e.g. by the evaluation) are hits by construction.
+        self.record.setdefault(kind, {"key": key, "hit": hit})
 
     def vectors_key(self, embedder: SentenceTransformerEmbedder) -> str:
         return make_key("vectors", embedder.id, {"chunks": self.chunk_set.key})

@@ -1,0 +1,174 @@
+"""Shared pieces of the corpus readers: the interface, input fingerprints and strict input checks.
+
+A corpus is built from keyword arguments (Hydra instantiates it from YAML). `load()` returns its
+documents in a deterministic order; `fingerprint()` is a cheap JSON-able description of
+everything that determines them, which the caller uses as a cache key for `load()`'s result.
+Every problem with the input is reported as a one-line `RagError` naming the file (and line).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rag.types import Document, RagError
+
+
+class Corpus:
+    """Base class of the corpus readers.
+
+    `skipped` lists what `load()` left out (unrenderable pages, articles without an abstract...);
+    it is reset by every `load()`.
+    """
+
+    # Bump when a reader's output changes for the same inputs (parsing, normalisation), so that
+    # documents cached under the old fingerprint are not reused.
+    format_version = 1
+
+    def __init__(self) -> None:
+        self.skipped: list[str] = []
+
+    def load(self) -> list[Document]:
+        raise NotImplementedError
+
+    def settings(self) -> dict[str, Any]:
+        """The constructor arguments that change the loaded documents."""
+        return {}
+
+    def inputs(self) -> Any:
+        """Fingerprint of the input files (paths, sizes, mtimes)."""
+        return None
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "class": type(self).__name__,
+            "format": self.format_version,
+            "settings": self.settings(),
+            "inputs": self.inputs(),
+        }
+
+
+# ---- input files -------------------------------------------------------------------------------
+
+
+def as_path(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.expanduser(os.fspath(path))).absolute()
+
+
+def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = as_path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise RagError(f"{p}: file not found") from None
+    except OSError as e:
+        raise RagError(f"{p}: cannot stat: {e.strerror}") from None
+    return {"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def listing_fingerprint(paths: Iterable[Path], root: Path | None = None) -> dict[str, Any]:
+    """One hash over (name, size, mtime) of many files: cheap to compute, changes whenever any
+    file is added, removed, replaced or touched. Symlinks are described, not followed, since
+    adding or retargeting a link changes what a directory walk yields."""
+    h = hashlib.sha256()
+    n = 0
+    for p in sorted(paths):
+        st = p.lstat()
+        name = p.relative_to(root).as_posix() if root else str(p)
+        h.update(f"{name}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+        n += 1
+    return {"root": str(root) if root else None, "files": n, "sha256": h.hexdigest()[:20]}
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The file's bytes; missing and empty (or all-whitespace) files are errors."""
+    p = as_path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise RagError(f"{p}: file not found") from None
+    except IsADirectoryError:
+        raise RagError(f"{p}: is a directory, expected a file") from None
+    except OSError as e:
+        raise RagError(f"{p}: cannot read: {e.strerror}") from None
+    if not data.strip():
+        raise RagError(f"{p}: file is empty")
+    return data
+
+
+def decode_utf8(data: bytes, path: str | os.PathLike[str]) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise RagError(f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x})") from None
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    return decode_utf8(read_bytes(path), as_path(path))
+
+
+def load_json(path: str | os.PathLike[str]) -> Any:
+    p = as_path(path)
+    try:
+        return json.loads(read_text(p))
+    except json.JSONDecodeError as e:
+        raise RagError(f"{p}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, object) for each non-blank line of a JSON-lines file."""
+    p = as_path(path)
+    data = read_bytes(p)
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RagError(f"{p}:{lineno}: invalid UTF-8 (byte 0x{raw[e.start]:02x})") from None
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RagError(f"{p}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise RagError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
+
+
+def string_field(obj: dict[str, Any], field: str, where: str, *, required: bool = True) -> str | None:
+    """obj[field] as a non-empty string; `where` is "file:line" for the error message. Numbers
+    are accepted (ids are often numeric) and converted."""
+    value = obj.get(field)
+    if value is None or value == "":
+        if required:
+            raise RagError(f"{where}: missing or empty field '{field}'")
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise RagError(f"{where}: field '{field}' must be a string, got {type(value).__name__}")
+    value = str(value)
+    if required and not value.strip():
+        raise RagError(f"{where}: missing or empty field '{field}'")
+    return value
+
+
+# ---- document checks ---------------------------------------------------------------------------
+
+
+def check_documents(docs: Sequence[Document], origin: str) -> list[Document]:
+    """Reject empty texts and duplicate ids; `origin` names the input in the message."""
+    seen: set[str] = set()
+    for d in docs:
+        if not d.text.strip():
+            raise RagError(f"{origin}: document {d.id!r} has empty text")
+        if d.id in seen:
+            raise RagError(f"{origin}: duplicate document id {d.id!r}")
+        seen.add(d.id)
+    return list(docs)
+
+
+def normalize_space(text: str) -> str:
+    return " ".join(text.split())

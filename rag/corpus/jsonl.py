@@ -1,0 +1,67 @@
+"""A user corpus as JSON lines: one object per line with an id, a text and optionally a source."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rag.corpus.base import Corpus, as_path, file_fingerprint, iter_jsonl, string_field
+from rag.types import Document, RagError
+
+
+class JsonlCorpus(Corpus):
+    """Every field other than id/text/source goes to `meta`; a "meta" object field is merged
+    into it (its keys win, as they were put there on purpose)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        id_field: str = "id",
+        text_field: str = "text",
+        source_field: str = "source",
+        default_source: str = "user",
+    ) -> None:
+        super().__init__()
+        self.path = as_path(path)
+        self.id_field = id_field
+        self.text_field = text_field
+        self.source_field = source_field
+        self.default_source = default_source
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "id_field": self.id_field,
+            "text_field": self.text_field,
+            "source_field": self.source_field,
+            "default_source": self.default_source,
+        }
+
+    def inputs(self) -> Any:
+        return file_fingerprint(self.path)
+
+    def load(self) -> list[Document]:
+        self.skipped = []
+        docs: list[Document] = []
+        first_line: dict[str, int] = {}
+        reserved = {self.id_field, self.text_field, self.source_field, "meta"}
+        for lineno, obj in iter_jsonl(self.path):
+            where = f"{self.path}:{lineno}"
+            doc_id = string_field(obj, self.id_field, where)
+            text = obj.get(self.text_field)
+            if text is not None and not isinstance(text, str):
+                raise RagError(f"{where}: field '{self.text_field}' must be a string, got {type(text).__name__}")
+            if not text or not text.strip():
+                raise RagError(f"{where}: document {doc_id!r} has empty text (field '{self.text_field}')")
+            if doc_id in first_line:
+                raise RagError(f"{where}: duplicate document id {doc_id!r} (first on line {first_line[doc_id]})")
+            first_line[doc_id] = lineno
+            source = string_field(obj, self.source_field, where, required=False) or self.default_source
+            extra = obj.get("meta")
+            if extra is not None and not isinstance(extra, dict):
+                raise RagError(f"{where}: field 'meta' must be an object, got {type(extra).__name__}")
+            meta = {k: v for k, v in obj.items() if k not in reserved}
+            meta.update(extra or {})
+            docs.append(Document(id=doc_id, text=text, source=source, meta=meta))
+        if not docs:
+            raise RagError(f"{self.path}: file is empty")
+        return docs

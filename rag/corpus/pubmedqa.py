@@ -1,0 +1,67 @@
+"""PubMedQA (PQA-L, `ori_pqal.json`): one document per abstract.
+
+The file maps PMID -> record. `CONTEXTS` is the abstract without its conclusion and
+`LONG_ANSWER` is the conclusion, so the retrievable document is the two put back together.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, load_json
+from rag.types import Document, RagError
+
+
+def load_pubmedqa(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """The PMID -> record mapping, with the fields both the corpus and the question set rely on
+    checked, so that a malformed record fails with its PMID rather than a KeyError."""
+    p = as_path(path)
+    data = load_json(p)
+    if not isinstance(data, dict):
+        raise RagError(f"{p}: expected a JSON object mapping PMID to record, got {type(data).__name__}")
+    if not data:
+        raise RagError(f"{p}: file has no records")
+    for pmid, rec in data.items():
+        if not isinstance(rec, dict):
+            raise RagError(f"{p}: record {pmid}: expected an object, got {type(rec).__name__}")
+        contexts = rec.get("CONTEXTS")
+        if not isinstance(contexts, list) or not all(isinstance(c, str) for c in contexts):
+            raise RagError(f"{p}: record {pmid}: 'CONTEXTS' must be a list of strings")
+        for field in ("QUESTION", "LONG_ANSWER"):
+            if not isinstance(rec.get(field), str) or not rec[field].strip():
+                raise RagError(f"{p}: record {pmid}: missing or empty '{field}'")
+    return data
+
+
+class PubMedQACorpus(Corpus):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.path = as_path(path)
+
+    def settings(self) -> dict[str, Any]:
+        return {"path": str(self.path)}
+
+    def inputs(self) -> Any:
+        return file_fingerprint(self.path)
+
+    def load(self) -> list[Document]:
+        self.skipped = []
+        docs = []
+        for pmid, rec in load_pubmedqa(self.path).items():
+            body = "\n\n".join(rec["CONTEXTS"])
+            conclusion = rec["LONG_ANSWER"]
+            docs.append(
+                Document(
+                    id=f"pmid:{pmid}",
+                    text=f"{body}\n\n{conclusion}" if body else conclusion,
+                    source="pubmed",
+                    meta={
+                        "pmid": pmid,
+                        "year": rec.get("YEAR"),
+                        "meshes": list(rec.get("MESHES") or []),
+                        "labels": list(rec.get("LABELS") or []),
+                        "title": None,  # PQA-L does not carry titles
+                    },
+                )
+            )
+        return check_documents(docs, str(self.path))

@@ -1,0 +1,104 @@
+"""End to end on a tiny corpus: results files, cache reuse, and what invalidates what."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rag.config import PROJECT_ROOT
+from rag.pipeline import format_table, run
+from rag.types import RagError
+from tests.conftest import tiny_overrides
+
+
+def test_v1_writes_scored_results(tiny_files, compose_cfg):
+    cfg = compose_cfg(tiny_overrides(tiny_files) + ["+version=v1"])
+    result = run(cfg, tiny_files["out"])
+    out = tiny_files["out"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["variant"] == "v1"
+    assert metrics["counts"]["questions"] == 6 and metrics["counts"]["documents"] == 9
+    for m in ("recall_at_k", "mrr", "precision_at_k", "hit_at_k_id", "mrr_id"):
+        o = metrics["metrics"][m]
+        assert 0.0 <= o["ci95"][0] <= o["mean"] <= o["ci95"][1] <= 1.0
+    assert "answer_gt" not in metrics["metrics"], "no generator: answer metrics are not reported"
+    assert set(metrics["by_corpus"]) == {"libc", "pytorch", "pubmed"}
+    # each question's own document is easy to find in a 9-document corpus
+    assert metrics["metrics"]["hit_at_k_id"]["mean"] == 1.0
+    rows = [json.loads(line) for line in (out / "per_question.jsonl").read_text().splitlines()]
+    assert len(rows) == 6
+    assert rows[0]["retrieved"][0]["text"] and rows[0]["retrieved"][0]["chunk_id"].startswith(rows[0]["retrieved"][0]["doc_id"])
+    assert (out / "config_resolved.yaml").exists()
+    assert result["objective"] == {"name": "mrr", "value": metrics["metrics"]["mrr"]["mean"]}
+    assert "recall_at_k" in format_table(result)
+
+
+def test_v2_filters_by_source_and_fuses(tiny_files, compose_cfg):
+    cfg = compose_cfg(tiny_overrides(tiny_files) + ["+version=v2"])
+    run(cfg, tiny_files["out"])
+    rows = [json.loads(line) for line in (tiny_files["out"] / "per_question.jsonl").read_text().splitlines()]
+    technical = {"libc", "pytorch"}
+    for r in rows:
+        sources = {c["doc_id"].split(":")[0] for c in r["retrieved"]}
+        if r["corpus"] == "pubmed":
+            assert sources == {"pmid"}
+        else:
+            assert sources <= {"man", "torch"}
+    metrics = json.loads((tiny_files["out"] / "metrics.json").read_text())
+    assert set(metrics["artifacts"]) >= {"chunks", "vectors", "index", "bm25"}
+    assert technical
+
+
+def test_second_run_reuses_every_artifact(tiny_files, compose_cfg):
+    cfg = compose_cfg(tiny_overrides(tiny_files) + ["+version=v2"])
+    first = run(cfg, tiny_files["out"] / "a")
+    second = run(cfg, tiny_files["out"] / "b")
+    assert not any(a["hit"] for a in first["artifacts"].values())
+    assert all(a["hit"] for a in second["artifacts"].values())
+    assert first["metrics"] == second["metrics"]
+
+
+def test_fusion_change_reuses_vectors_and_indexes(tiny_files, compose_cfg):
+    base = tiny_overrides(tiny_files) + ["retriever=hybrid", "fusion=weighted"]
+    first = run(compose_cfg(base + ["fusion.alpha=0.3"]), tiny_files["out"] / "a")
+    second = run(compose_cfg(base + ["fusion.alpha=0.7"]), tiny_files["out"] / "b")
+    for kind in ("chunks", "vectors", "index", "bm25"):
+        assert second["artifacts"][kind]["hit"], kind
+        assert second["artifacts"][kind]["key"] == first["artifacts"][kind]["key"]
+
+
+def test_chunk_size_change_rebuilds_chunks_and_vectors(tiny_files, compose_cfg):
+    base = tiny_overrides(tiny_files)
+    first = run(compose_cfg(base), tiny_files["out"] / "a")
+    second = run(compose_cfg(base + ["chunker.chunk_size=200"]), tiny_files["out"] / "b")
+    for kind in ("chunks", "vectors", "index"):
+        assert not second["artifacts"][kind]["hit"], kind
+        assert second["artifacts"][kind]["key"] != first["artifacts"][kind]["key"]
+
+
+def test_question_naming_an_unknown_document_fails_before_work(tiny_files, compose_cfg):
+    bad = tiny_files["qa"].parent / "bad_qa.jsonl"
+    bad.write_text(json.dumps({"id": "x", "question": "q?", "answer": "a", "source": "man:nothing.2"}) + "\n")
+    cfg = compose_cfg(tiny_overrides(tiny_files) + [f"qa.path={bad}"])
+    with pytest.raises(RagError, match="man:nothing.2"):
+        run(cfg, tiny_files["out"])
+    assert not (tiny_files["out"] / "metrics.json").exists()
+
+
+def test_run_py_entry_point(tiny_files):
+    """Through Hydra's own entry point, as a user runs it; a bad value is one clear line."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    args = [sys.executable, str(PROJECT_ROOT / "run.py"), "+version=v1", f"hydra.run.dir={tiny_files['out']}"]
+    args += tiny_overrides(tiny_files)
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "recall_at_k" in done.stdout
+    assert (tiny_files["out"] / "metrics.json").exists()
+
+    bad = subprocess.run(args + ["fusion.alpha=1.5"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0
+    assert "fusion.alpha must be in [0, 1], got 1.5" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -1,0 +1,126 @@
+"""Question sets: PubMedQA, JSON lines and their concatenation."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rag.qa import JsonlQuestions, MixedQuestions, PubMedQAQuestions
+from rag.types import QAItem, RagError
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RAGRIG_SHARED_DATA", ROOT.parent / "shared" / "data"))
+PUBMEDQA = SHARED / "pubmedqa" / "ori_pqal.json"
+
+needs_shared = pytest.mark.skipif(not PUBMEDQA.exists(), reason=f"shared data not found at {SHARED}")
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def q(i: str, **extra) -> dict:
+    return {"id": i, "question": f"question {i}?", "answer": f"answer {i}", **extra}
+
+
+@needs_shared
+def test_pubmedqa_questions():
+    raw = json.loads(PUBMEDQA.read_text(encoding="utf-8"))
+    items = PubMedQAQuestions(path=str(PUBMEDQA)).load()
+    assert len(items) == 1000
+    assert items[0] == QAItem(
+        id="pubmedqa:21645374",
+        question=raw["21645374"]["QUESTION"],
+        answer=raw["21645374"]["LONG_ANSWER"],
+        source="pmid:21645374",
+        corpus="pubmed",
+    )
+    assert [i.id for i in items] == [f"pubmedqa:{k}" for k in raw]
+    assert {i.corpus for i in items} == {"pubmed"}
+    fp = PubMedQAQuestions(PUBMEDQA).fingerprint()
+    assert fp["inputs"]["size"] == PUBMEDQA.stat().st_size
+
+
+def test_pubmedqa_questions_missing_file(tmp_path):
+    with pytest.raises(RagError, match="x.json: file not found"):
+        PubMedQAQuestions(tmp_path / "x.json").load()
+
+
+def test_jsonl_questions(tmp_path):
+    path = write_jsonl(
+        tmp_path / "qa.jsonl",
+        [q("a", source="man:fcntl.2", corpus="libc"), "", q("b"), q("c", source=None)],
+    )
+    items = JsonlQuestions(path=str(path)).load()
+    assert items == [
+        QAItem("a", "question a?", "answer a", "man:fcntl.2", "libc"),
+        QAItem("b", "question b?", "answer b", None, None),
+        QAItem("c", "question c?", "answer c", None, None),
+    ]
+    assert JsonlQuestions(path).fingerprint()["inputs"]["path"] == str(path)
+
+
+@pytest.mark.parametrize(
+    "rows, pattern",
+    [
+        ([q("a"), '{"id": "b", "question": "x?", }'], r"qa.jsonl:2: invalid JSON"),
+        ([q("a"), {"id": "b", "answer": "y"}], r"qa.jsonl:2: missing or empty field 'question'"),
+        ([q("a"), q("b"), {"id": "c", "question": "x?", "answer": "  "}], r"qa.jsonl:3: missing or empty field 'answer'"),
+        ([{"question": "x?", "answer": "y"}], r"qa.jsonl:1: missing or empty field 'id'"),
+        ([{"id": "a", "question": ["x"], "answer": "y"}], r"qa.jsonl:1: field 'question' must be a string"),
+        ([q("a"), q("b"), q("a")], r"qa.jsonl:3: duplicate question id 'a' \(first on line 1\)"),
+        (['"just a string"'], r"qa.jsonl:1: expected a JSON object"),
+        (["", " "], r"qa.jsonl: file is empty"),
+    ],
+)
+def test_jsonl_questions_errors(tmp_path, rows, pattern):
+    path = write_jsonl(tmp_path / "qa.jsonl", rows)
+    with pytest.raises(RagError, match=pattern) as e:
+        JsonlQuestions(path).load()
+    assert "\n" not in str(e.value)
+
+
+def test_jsonl_questions_file_errors(tmp_path):
+    with pytest.raises(RagError, match="qa.jsonl: file not found"):
+        JsonlQuestions(tmp_path / "qa.jsonl").load()
+    (tmp_path / "qa.jsonl").write_bytes(json.dumps(q("a")).encode() + b'\n{"id": "b\xe9"}\n')
+    with pytest.raises(RagError, match=r"qa.jsonl:2: invalid UTF-8"):
+        JsonlQuestions(tmp_path / "qa.jsonl").load()
+
+
+def test_mixed_questions(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [q("a1"), q("a2")])
+    b = write_jsonl(tmp_path / "b.jsonl", [q("b1")])
+    mixed = MixedQuestions(parts=[JsonlQuestions(a), JsonlQuestions(b)])
+    assert [i.id for i in mixed.load()] == ["a1", "a2", "b1"]
+    assert [p["class"] for p in mixed.fingerprint()["parts"]] == ["JsonlQuestions", "JsonlQuestions"]
+    with pytest.raises(RagError, match="duplicate question id 'a1' in part 2"):
+        MixedQuestions(parts=[JsonlQuestions(a), JsonlQuestions(b), JsonlQuestions(a)]).load()
+    with pytest.raises(RagError, match="'parts' is empty"):
+        MixedQuestions(parts=[])
+
+
+def test_mixed_questions_from_hydra_config(tmp_path):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    a = write_jsonl(tmp_path / "a.jsonl", [q("a1")])
+    b = write_jsonl(tmp_path / "b.jsonl", [q("b1")])
+    cfg = OmegaConf.create(
+        {"_target_": "rag.qa.MixedQuestions", "parts": [{"_target_": "rag.qa.JsonlQuestions", "path": str(p)} for p in (a, b)]}
+    )
+    assert [i.id for i in instantiate(cfg).load()] == ["a1", "b1"]
+    assert [i.id for i in instantiate(cfg, _convert_="all").load()] == ["a1", "b1"]
+
+
+@pytest.mark.parametrize("name", ["libc", "pytorch"])
+def test_project_question_sets_load(name):
+    path = ROOT / "data" / "qa" / f"{name}.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    items = JsonlQuestions(path).load()
+    assert items and {i.corpus for i in items} == {name}
+    assert all(i.source for i in items)
