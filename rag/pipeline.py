@@ -116,6 +116,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     queries = [q.question for q in qa]
     filters = retriever.filters_for([q.corpus for q in qa])
 
+    with timer.stage("load_models"):
+        retriever.warm_up()
     t0 = time.perf_counter()
     with timer.stage("retrieve"):
         fused = retriever.search(queries, depth, filters)

@@ -40,6 +40,10 @@ class Retriever:
     def _prepare(self, artifacts: Artifacts) -> None:
         raise NotImplementedError
 
+    def warm_up(self) -> None:
+        """Load what searching needs (e.g. the query encoder) so that timed searches measure
+        search, not model loading."""
+
     def search(self, queries: list[str], n: int, filters: list[SourceFilter] | None = None) -> Hits:
         """Searches once per distinct filter, so a batch of questions is a handful of calls."""
         if self._artifacts is None:
@@ -68,6 +72,9 @@ class DenseRetriever(Retriever):
 
     def _prepare(self, artifacts: Artifacts) -> None:
         artifacts.vector_index(self.embedder, self.index)
+
+    def warm_up(self) -> None:
+        self.embedder.encode_queries(["warm-up"])
 
     def _search(self, queries: list[str], n: int, allowed: np.ndarray | None) -> Hits:
         return self.index.search(self.embedder.encode_queries(queries), n, allowed)
@@ -112,6 +119,10 @@ class HybridRetriever(Retriever):
     def _prepare(self, artifacts: Artifacts) -> None:
         self.dense.prepare(artifacts)
         self.lexical.prepare(artifacts)
+
+    def warm_up(self) -> None:
+        self.dense.warm_up()
+        self.lexical.warm_up()
 
     def _search(self, queries: list[str], n: int, allowed: np.ndarray | None) -> Hits:
         width = max(n, self.candidates)
