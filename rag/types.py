@@ -116,3 +116,13 @@ class Hits:
     def row(self, q: int) -> list[tuple[int, float]]:
         """Valid (chunk row, score) pairs of query q, best first."""
         return [(int(i), float(s)) for i, s in zip(self.ids[q], self.scores[q]) if i >= 0]
+
+
+@dataclass(frozen=True)
+class Context:
+    """One numbered context passage given to the LLM: the text (a chunk, possibly expanded with
+    its neighbours) and a label naming where it comes from (e.g. "man fcntl(2)", "PMID 17304887")."""
+
+    text: str
+    label: str | None = None
+    chunk_rows: tuple[int, ...] = ()

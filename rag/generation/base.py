@@ -1,14 +1,31 @@
-"""The generator interface and `llm=none`, which makes a retrieval-only run."""
+"""The generator interface and `llm=none`, which makes a retrieval-only run.
+
+`generate(questions, contexts)` gets, per question, its numbered context passages
+(`rag.types.Context`: text + source label) and returns one answer string per question, or None
+for a retrieval-only run.
+"""
 from __future__ import annotations
+
+from typing import Any
+
+from rag.types import Context
 
 
 class Generator:
-    def generate(self, questions: list[str], contexts: list[list[str]]) -> list[str] | None:
+    def warm_up(self) -> None:
+        """Optional: load the model so that the timed generate stage measures generation only."""
+
+    @property
+    def id(self) -> dict[str, Any]:
+        """Everything that determines the answers besides the prompts (cache key of answers)."""
+        return {"class": type(self).__name__}
+
+    def generate(self, questions: list[str], contexts: list[list[Context]]) -> list[str] | None:
         raise NotImplementedError
 
 
 class NoGenerator(Generator):
     """Generates nothing: the run scores retrieval only, and answer metrics are left out."""
 
-    def generate(self, questions: list[str], contexts: list[list[str]]) -> list[str] | None:
+    def generate(self, questions: list[str], contexts: list[list[Context]]) -> list[str] | None:
         return None

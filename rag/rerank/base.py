@@ -1,5 +1,12 @@
-"""The reranker interface and the identity reranker (`reranker=none`)."""
+"""The reranker interface and the identity reranker (`reranker=none`).
+
+The pipeline retrieves `max(k, reranker.top_n)` fused candidates, calls `prepare(artifacts)` once
+(access to cached chunk vectors), `warm_up()` (load models outside timed stages), then
+`rerank(queries, hits, chunks, k)`, which returns the best k of each row of `hits`.
+"""
 from __future__ import annotations
+
+from typing import Any
 
 from rag.types import Chunk, Hits
 
@@ -7,6 +14,12 @@ from rag.types import Chunk, Hits
 class Reranker:
     #: how many fused candidates the reranker wants to see (the retrieval depth before it)
     top_n: int = 0
+
+    def prepare(self, artifacts: Any) -> None:
+        """Optional: receives rag.artifacts.Artifacts (cache, chunk set, cached vectors)."""
+
+    def warm_up(self) -> None:
+        """Optional: load models so that the timed rerank stage measures reranking only."""
 
     def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int) -> Hits:
         raise NotImplementedError
