@@ -51,8 +51,12 @@ def score(
     settings: ScoreSettings,
     answers: list[str] | None = None,
     chunk_vectors: np.ndarray | None = None,
+    context_texts: list[list[str]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Returns (per-question records, aggregates)."""
+    """Returns (per-question records, aggregates).
+
+    Grounding compares the answer with the concatenated passages the LLM was given
+    (`context_texts`); without context expansion those are exactly the top-k chunks."""
     k = settings.k
     top = hits.top(k)
     ids = top.ids
@@ -62,7 +66,7 @@ def score(
     e_truth = eval_embedder.encode([item.answer for item in qa], show_progress=False)
     rows = np.unique(ids[valid])
     if chunk_vectors is not None:
-        row_vecs = np.asarray(chunk_vectors[np.sort(rows)], np.float32)
+        row_vecs = np.asarray(chunk_vectors[rows], np.float32)
     else:
         row_vecs = eval_embedder.encode([chunks[r].text for r in rows], show_progress=False)
     pos = {int(r): i for i, r in enumerate(rows)}
@@ -84,7 +88,9 @@ def score(
     values["hit_at_k_id"] = np.where(has_source, M.recall_at_k(rel_id), np.nan)
     values["mrr_id"] = np.where(has_source, M.reciprocal_rank(rel_id), np.nan)
 
-    contexts = [settings.context_separator.join(chunks[r].text for r in ids[q] if r >= 0) for q in range(n_q)]
+    if context_texts is None:
+        context_texts = [[chunks[r].text for r in ids[q] if r >= 0] for q in range(n_q)]
+    contexts = [settings.context_separator.join(texts) for texts in context_texts]
     if answers is not None:
         e_answer = eval_embedder.encode(answers, show_progress=False)
         e_context = eval_embedder.encode(contexts, show_progress=False)

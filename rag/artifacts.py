@@ -34,10 +34,17 @@ class ChunkSet:
 
     def __post_init__(self) -> None:
         self.sources = np.array([c.source for c in self.chunks], dtype=object)
+        self._positions: dict[tuple[str, int], int] | None = None
 
     @property
     def texts(self) -> list[str]:
         return [c.text for c in self.chunks]
+
+    def row_of(self, doc_id: str, position: int) -> int | None:
+        """Chunk row of a document's chunk at `position` (None past either end)."""
+        if self._positions is None:
+            self._positions = {(c.doc_id, c.position): i for i, c in enumerate(self.chunks)}
+        return self._positions.get((doc_id, position))
 
     def rows_of_sources(self, sources: frozenset[str]) -> np.ndarray:
         return np.flatnonzero(np.isin(self.sources, list(sources))).astype(np.int64)

@@ -6,6 +6,7 @@ asks which version it is.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -21,9 +22,11 @@ from tqdm.auto import tqdm
 from eval.scoring import ScoreSettings, score
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache, atomic_write_text, make_key
+from rag.context import ContextBuilder
 from rag.documents import check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions
+from rag.generation import NoGenerator
 from rag.timing import StageTimer
-from rag.types import Chunk, Document, RagError
+from rag.types import Chunk, Context, Document, Hits, RagError
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     reranker = build(cfg.reranker)
     generator = build(cfg.llm)
     eval_embedder = build(cfg.eval.embedder)
+    context_builder = ContextBuilder(**_container(cfg.context))
 
     with timer.stage("corpus"):
         all_docs, skipped = load_corpus(corpus, cache)
@@ -108,6 +112,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     artifacts = Artifacts(cache, chunk_set, timer)
     artifacts.record["chunks"] = {"key": chunk_set.key, "hit": chunks_hit}
     retriever.prepare(artifacts)
+    reranker.prepare(artifacts)
+    with timer.stage("load_models"):
+        retriever.warm_up()
+        reranker.warm_up()
 
     k = settings.k
     depth = max(k, int(getattr(reranker, "top_n", 0) or 0))
@@ -116,27 +124,30 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     queries = [q.question for q in qa]
     filters = retriever.filters_for([q.corpus for q in qa])
 
-    with timer.stage("load_models"):
-        retriever.warm_up()
-    t0 = time.perf_counter()
     with timer.stage("retrieve"):
-        fused = retriever.search(queries, depth, filters)
-    retrieve_s = time.perf_counter() - t0
-
+        fused, retrieve_ms = retriever.search_timed(queries, depth, filters)
     with timer.stage("rerank"):
-        hits = reranker.rerank(queries, fused, chunk_set.chunks, k)
+        hits, rerank_ms = rerank_timed(reranker, queries, fused, chunk_set.chunks, k)
 
-    contexts = [[chunk_set.chunks[r].text for r in hits.ids[q] if r >= 0] for q in range(len(qa))]
-    with timer.stage("generate"):
-        answers = generator.generate(queries, contexts)
+    contexts = context_builder.build(hits, chunk_set)
+    answers, generate_ms, answers_hit = generate_cached(generator, queries, contexts, cache, timer)
+    if answers_hit is not None:
+        artifacts.record["answers"] = {"key": answers_hit[0], "hit": answers_hit[1]}
 
     with timer.stage("score"):
         # Reuse cached chunk vectors only if they were made by the evaluation embedder itself.
-        eval_vectors_key = artifacts.vectors_key(eval_embedder)
         chunk_vectors = None
-        if cache.lookup("vectors", eval_vectors_key) is not None:
+        if cache.lookup("vectors", artifacts.vectors_key(eval_embedder)) is not None:
             chunk_vectors = artifacts.vectors(eval_embedder)
-        records, aggregates = score(qa, hits, chunk_set.chunks, eval_embedder, settings, answers, chunk_vectors)
+        records, aggregates = score(
+            qa, hits, chunk_set.chunks, eval_embedder, settings, answers, chunk_vectors,
+            context_texts=[[c.text for c in ctx] for ctx in contexts],
+        )
+    for q, rec in enumerate(records):
+        rec["latency_ms"] = {"retrieve": round(float(retrieve_ms[q]), 3), "rerank": round(float(rerank_ms[q]), 3)}
+        if generate_ms is not None:
+            rec["latency_ms"]["generate"] = round(float(generate_ms[q]), 3)
+        rec["contexts"] = [{"label": c.label, "text": c.text} for c in contexts[q]]
 
     objective_name = cfg.objective
     overall = aggregates["overall"]
@@ -154,16 +165,75 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
             "questions": len(qa),
             "skipped_inputs": len(skipped),
         },
-        "latency": {
-            # Retrieval runs batched; this is the batch time divided by the number of questions.
-            "retrieve_ms_per_question": round(1000 * retrieve_s / max(1, len(qa)), 3),
-        },
+        "latency": latency_summary(retrieve_ms, rerank_ms, generate_ms),
         "timings_s": timer.as_dict(),
         "artifacts": artifacts.record,
         "config": _container(cfg),
     }
     write_results(output_dir, result, records)
     return result
+
+
+def rerank_timed(reranker: Any, queries: list[str], fused: Hits, chunks: list[Chunk], k: int) -> tuple[Hits, np.ndarray]:
+    """Reranks one question at a time, as a served system would, timing each."""
+    out = Hits.empty(len(queries), k)
+    ms = np.zeros(len(queries))
+    for q, query in enumerate(queries):
+        row = Hits(fused.ids[q : q + 1], fused.scores[q : q + 1])
+        t0 = time.perf_counter()
+        best = reranker.rerank([query], row, chunks, k)
+        ms[q] = 1000.0 * (time.perf_counter() - t0)
+        w = min(k, best.width)
+        out.ids[q, :w], out.scores[q, :w] = best.ids[0, :w], best.scores[0, :w]
+    return out, ms
+
+
+def generate_cached(
+    generator: Any, queries: list[str], contexts: list[list[Context]], cache: ArtifactCache, timer: StageTimer
+) -> tuple[list[str] | None, np.ndarray | None, tuple[str, bool] | None]:
+    """Answers are cached under the generator's settings and the exact prompts' inputs, so a
+    sweep that changes nothing upstream of generation (e.g. eval thresholds) reuses them, and any
+    change in the contexts generates anew. Returns (answers, per-question ms, (key, hit))."""
+    if isinstance(generator, NoGenerator):
+        return None, None, None
+    h = hashlib.sha256()
+    for query, ctx in zip(queries, contexts):
+        h.update(json.dumps([query, [(c.label, c.text) for c in ctx]], ensure_ascii=False).encode())
+    key = make_key("answers", generator.id, {"inputs": h.hexdigest()})
+
+    def build(tmp: Path) -> dict[str, Any]:
+        with timer.stage("load_models"):
+            generator.warm_up()
+        t0 = time.perf_counter()
+        with timer.stage("generate"):
+            answers = generator.generate(queries, contexts)
+        seconds = time.perf_counter() - t0
+        if answers is None or len(answers) != len(queries):
+            raise RagError(f"llm {type(generator).__name__} returned {0 if answers is None else len(answers)} answers for {len(queries)} questions")
+        empty = sum(1 for a in answers if not a.strip())
+        if empty:
+            log.warning("llm returned %d empty answer(s); they are scored as empty strings", empty)
+        # Generation runs in batches: each question is charged its batch's share of the time.
+        per_q = getattr(generator, "last_latencies_ms", None) or [1000.0 * seconds / len(queries)] * len(queries)
+        (tmp / "answers.json").write_text(json.dumps({"answers": answers, "latency_ms": list(per_q)}, ensure_ascii=False))
+        return {"n": len(answers), "empty": empty, "seconds": round(seconds, 3)}
+
+    art = cache.get_or_build("answers", key, build, inputs={"generator": generator.id})
+    data = json.loads(art.file("answers.json").read_text())
+    return data["answers"], np.asarray(data["latency_ms"], float), (key, art.hit)
+
+
+def latency_summary(retrieve_ms: np.ndarray, rerank_ms: np.ndarray, generate_ms: np.ndarray | None) -> dict[str, float]:
+    """Median and 95th percentile per question and stage, in milliseconds."""
+    out: dict[str, float] = {}
+    stages = {"retrieve": retrieve_ms, "rerank": rerank_ms, "generate": generate_ms}
+    total = retrieve_ms + rerank_ms + (generate_ms if generate_ms is not None else 0.0)
+    for name, ms in {**stages, "total": total}.items():
+        if ms is None or len(ms) == 0:
+            continue
+        out[f"{name}_ms_median"] = round(float(np.median(ms)), 3)
+        out[f"{name}_ms_p95"] = round(float(np.percentile(ms, 95)), 3)
+    return out
 
 
 def write_results(output_dir: Path, result: dict[str, Any], records: list[dict[str, Any]]) -> None:
