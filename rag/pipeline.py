@@ -109,6 +109,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         chunk_set, chunks_hit = build_chunks(chunker, _container(cfg.chunker), docs, cache)
     log.info("%d documents -> %d chunks; %d questions", len(docs), len(chunk_set), len(qa))
 
+    if settings.k > len(chunk_set):
+        raise RagError(f"eval.k ({settings.k}) is larger than the number of chunks ({len(chunk_set)})")
     artifacts = Artifacts(cache, chunk_set, timer)
     artifacts.record["chunks"] = {"key": chunk_set.key, "hit": chunks_hit}
     retriever.prepare(artifacts)

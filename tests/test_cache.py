@@ -85,3 +85,26 @@ def test_atomic_write_text_replaces_whole_file(tmp_path):
     atomic_write_text(p, "second")
     assert p.read_text() == "second"
     assert [f.name for f in p.parent.iterdir()] == ["metrics.json"]
+
+
+def test_same_size_corruption_is_detected_by_checksum(tmp_path, caplog):
+    cache, calls = ArtifactCache(tmp_path), []
+    art = cache.get_or_build("thing", "k", _writer(calls))
+    art.file("payload.txt").write_text("HELLO")  # same size, different bytes
+    assert cache.lookup("thing", "k") is None
+    with caplog.at_level("WARNING"):
+        again = cache.get_or_build("thing", "k", _writer(calls))
+    assert not again.hit and again.file("payload.txt").read_text() == "hello"
+    assert "thing/k is incomplete or corrupted" in caplog.text
+
+
+def test_leftovers_of_a_killed_builder_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / "thing" / f"tmp-{int(dead.stdout)}-abc"
+    stale.mkdir(parents=True)
+    (stale / "half.npy").write_bytes(b"partial")
+    ArtifactCache(tmp_path).get_or_build("thing", "k", _writer([]))
+    assert not stale.exists()
