@@ -45,6 +45,18 @@ def _check_model_exists(model: str, path: str) -> None:
         raise RagError(f"embedder model {model!r}: path {path} does not exist")
 
 
+def is_out_of_memory(e: BaseException) -> bool:
+    """MemoryError on the CPU; torch's OutOfMemoryError (a RuntimeError) on accelerators."""
+    return isinstance(e, MemoryError) or "out of memory" in str(e).lower()
+
+
+def _free_accelerator_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _looks_like_hub_id(s: str) -> bool:
     parts = s.split("/")
     return len(parts) == 2 and all(parts) and not s.startswith((".", "/", "~"))
@@ -115,14 +127,26 @@ class SentenceTransformerEmbedder:
     def encode(self, texts: list[str], show_progress: bool | None = None) -> np.ndarray:
         if len(texts) == 0:
             return np.zeros((0, self.dim), np.float32)
-        vecs = self.model.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            normalize_embeddings=self.normalize,
-            show_progress_bar=self.show_progress if show_progress is None else show_progress,
-            convert_to_numpy=True,
-        )
-        return np.ascontiguousarray(vecs, dtype=np.float32)
+        progress = self.show_progress if show_progress is None else show_progress
+        batch_size = self.batch_size
+        while True:
+            try:
+                vecs = self.model.encode(
+                    list(texts),
+                    batch_size=batch_size,
+                    normalize_embeddings=self.normalize,
+                    show_progress_bar=progress,
+                    convert_to_numpy=True,
+                )
+                return np.ascontiguousarray(vecs, dtype=np.float32)
+            except (MemoryError, RuntimeError) as e:
+                if not is_out_of_memory(e):
+                    raise
+                if batch_size == 1:
+                    raise RagError(f"embedder {self.model_name!r}: out of memory even with batch size 1") from e
+                batch_size //= 2
+                log.warning("embedder: out of memory; retrying with batch size %d", batch_size)
+                _free_accelerator_memory()
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         return self.encode([self.query_prefix + q for q in queries], show_progress=False)
