@@ -104,6 +104,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         check_questions(all_qa, all_docs)
         qa = slice_questions(all_qa, cfg.slice.questions_per_corpus, cfg.slice.seed)
         docs = slice_documents(all_docs, qa, cfg.slice.docs_per_source, cfg.slice.seed)
+        check_document_sizes(docs, cfg.max_doc_chars)
 
     with timer.stage("chunk"):
         chunk_set, chunks_hit = build_chunks(chunker, _container(cfg.chunker), docs, cache)
@@ -174,6 +175,19 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     }
     write_results(output_dir, result, records)
     return result
+
+
+def check_document_sizes(docs: list[Document], max_chars: int | None) -> None:
+    """A single giant document (a 50 MB log pasted as one record) would silently dominate time
+    and the index; it is far more often a mistake than a wish, so it stops the run up front."""
+    if max_chars is None:
+        return
+    for d in docs:
+        if len(d.text) > max_chars:
+            raise RagError(
+                f"document {d.id!r} is {len(d.text):,} characters, over max_doc_chars ({max_chars:,}); "
+                "split it or raise max_doc_chars"
+            )
 
 
 def rerank_timed(reranker: Any, queries: list[str], fused: Hits, chunks: list[Chunk], k: int) -> tuple[Hits, np.ndarray]:
