@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup demo test test-slow test-all bench data clean
+.PHONY: setup demo test test-slow test-crash test-all bench data clean
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -25,8 +25,12 @@ test: setup
 test-slow: setup
 	$(PYTHON) -m pytest -q -m slow
 
+# Runs killed with SIGKILL mid-build and rerun; CI runs this target too.
+test-crash: setup
+	$(PYTHON) -m pytest -q -m crash
+
 test-all: setup
-	$(PYTHON) -m pytest -q -m "slow or not slow"
+	$(PYTHON) -m pytest -q -m "slow or scale or distributed or crash or not slow"
 
 # Renders/extracts the local corpora (man pages, torch docstrings) into the cache and exports
 # them as JSONL under data/corpora/, so a first run does not pay for it.

@@ -149,6 +149,7 @@ class ArtifactCache:
             try:
                 t0 = time.perf_counter()
                 extra = dict(build(tmp) or {})
+                _test_pause(kind)
                 files = {
                     p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
                     for p in sorted(tmp.iterdir())
@@ -182,6 +183,14 @@ class ArtifactCache:
                 continue
             if pid != os.getpid() and not _pid_alive(pid):
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def _test_pause(kind: str) -> None:
+    """Crash tests set RAGRIG_TEST_PAUSE_BEFORE_PUBLISH=<kind>:<seconds> to hold a finished but
+    unpublished build open long enough to SIGKILL it there; unset, this does nothing."""
+    spec = os.environ.get("RAGRIG_TEST_PAUSE_BEFORE_PUBLISH", "")
+    if spec.partition(":")[0] == kind:
+        time.sleep(float(spec.partition(":")[2] or 0))
 
 
 def _pid_alive(pid: int) -> bool:
