@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from eval.scoring import ScoreSettings, score
+from eval.scoring import ANSWER_METRICS, ScoreSettings, score
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache, atomic_write_text, make_key
 from rag.context import ContextBuilder
 from rag.documents import check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions
 from rag.generation import NoGenerator
 from rag.timing import StageTimer
-from rag.types import Chunk, Context, Document, Hits, RagError
+from rag.types import Chunk, Context, Document, Hits, QAItem, RagError
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,34 @@ def _container(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
-def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
-    """Runs the pipeline described by `cfg` and writes results into `output_dir`.
-    Returns the metrics document (also written as metrics.json)."""
-    output_dir = Path(output_dir)
+@dataclass
+class Session:
+    """A configured pipeline with its artifacts built or loaded: everything needed to answer
+    questions. `run` evaluates a question set with it; `rag.ask` answers typed questions."""
+
+    cfg: DictConfig
+    cache: ArtifactCache
+    timer: StageTimer
+    settings: ScoreSettings
+    qa: list[QAItem]
+    docs: list[Document]
+    n_docs_total: int
+    skipped: list[str]
+    chunk_set: ChunkSet
+    artifacts: Artifacts
+    retriever: Any
+    reranker: Any
+    generator: Any
+    eval_embedder: Any
+    context_builder: ContextBuilder
+
+    @property
+    def depth(self) -> int:
+        """Candidates retrieved per question: k, or more when the reranker wants to see more."""
+        return max(self.settings.k, int(getattr(self.reranker, "top_n", 0) or 0))
+
+
+def open_session(cfg: DictConfig) -> Session:
     timer = StageTimer()
     cache = ArtifactCache(cfg.paths.cache)
 
@@ -97,6 +122,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     generator = build(cfg.llm)
     eval_embedder = build(cfg.eval.embedder)
     context_builder = ContextBuilder(**_container(cfg.context))
+    check_objective(cfg.objective, settings, generator)
 
     with timer.stage("corpus"):
         all_docs, skipped = load_corpus(corpus, cache)
@@ -119,21 +145,39 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     with timer.stage("load_models"):
         retriever.warm_up()
         reranker.warm_up()
+    session = Session(cfg, cache, timer, settings, qa, docs, len(all_docs), skipped, chunk_set, artifacts,
+                      retriever, reranker, generator, eval_embedder, context_builder)
+    if session.depth > len(chunk_set):
+        log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", session.depth, len(chunk_set))
+    return session
 
+
+def check_objective(objective: str, settings: ScoreSettings, generator: Any) -> None:
+    if objective not in settings.metrics:
+        raise RagError(f"objective {objective!r} is not among the reported metrics {list(settings.metrics)}")
+    if objective in ANSWER_METRICS and isinstance(generator, NoGenerator):
+        raise RagError(f"objective {objective!r} needs generated answers, but llm=none")
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
+    """Runs the pipeline described by `cfg` and writes results into `output_dir`.
+    Returns the metrics document (also written as metrics.json)."""
+    output_dir = Path(output_dir)
+    session = open_session(cfg)
+    timer, settings, qa, chunk_set = session.timer, session.settings, session.qa, session.chunk_set
+    retriever, reranker, artifacts, cache = session.retriever, session.reranker, session.artifacts, session.cache
+    eval_embedder = session.eval_embedder
     k = settings.k
-    depth = max(k, int(getattr(reranker, "top_n", 0) or 0))
-    if depth > len(chunk_set):
-        log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", depth, len(chunk_set))
     queries = [q.question for q in qa]
     filters = retriever.filters_for([q.corpus for q in qa])
 
     with timer.stage("retrieve"):
-        fused, retrieve_ms = retriever.search_timed(queries, depth, filters)
+        fused, retrieve_ms = retriever.search_timed(queries, session.depth, filters)
     with timer.stage("rerank"):
         hits, rerank_ms = rerank_timed(reranker, queries, fused, chunk_set.chunks, k)
 
-    contexts = context_builder.build(hits, chunk_set)
-    answers, generate_ms, answers_hit = generate_cached(generator, queries, contexts, cache, timer)
+    contexts = session.context_builder.build(hits, chunk_set)
+    answers, generate_ms, answers_hit = generate_cached(session.generator, queries, contexts, cache, timer)
     if answers_hit is not None:
         artifacts.record["answers"] = {"key": answers_hit[0], "hit": answers_hit[1]}
 
@@ -154,19 +198,17 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
 
     objective_name = cfg.objective
     overall = aggregates["overall"]
-    if objective_name not in overall:
-        raise RagError(f"objective {objective_name!r} is not among the reported metrics {sorted(overall)}")
     result = {
         "variant": cfg.get("variant", "custom"),
         "objective": {"name": objective_name, "value": overall[objective_name]["mean"]},
         "metrics": overall,
         "by_corpus": aggregates["by_corpus"],
         "counts": {
-            "documents": len(docs),
-            "documents_in_full_corpus": len(all_docs),
+            "documents": len(session.docs),
+            "documents_in_full_corpus": session.n_docs_total,
             "chunks": len(chunk_set),
             "questions": len(qa),
-            "skipped_inputs": len(skipped),
+            "skipped_inputs": len(session.skipped),
         },
         "latency": latency_summary(retrieve_ms, rerank_ms, generate_ms),
         "timings_s": timer.as_dict(),
