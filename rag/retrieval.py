@@ -154,6 +154,9 @@ class BM25Retriever(Retriever):
         artifacts.bm25(self.bm25)
         self._key = artifacts.record["bm25"]["key"]
 
+    def warm_up(self) -> None:
+        self.bm25.search(["warm-up"], 1)
+
     def _signature(self) -> tuple | None:
         return ("bm25", self._key)
 
