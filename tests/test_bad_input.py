@@ -153,3 +153,14 @@ def test_command_line_errors_have_no_traceback(extra, expect, tiny_files):
     assert expect in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tiny_files["out"] / "metrics.json").exists()
+
+
+def test_four_bit_llm_without_cuda_fails_at_start_up(tiny_files, compose_cfg, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = compose_cfg(tiny_overrides(tiny_files) + ["llm=qwen2_5_1_5b_4bit"])
+    with pytest.raises(RagError, match="llm.quantization=4bit needs a CUDA GPU") as err:
+        run(cfg, tmp_path / "out")
+    assert "\n" not in str(err.value)
+    assert not (tiny_files["cache"] / "vectors").exists(), "it failed before any expensive stage"

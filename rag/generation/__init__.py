@@ -1,4 +1,7 @@
 """Answer generators: `generate(questions, contexts) -> list[str] | None`."""
 from rag.generation.base import Generator, NoGenerator
+from rag.generation.extractive import ExtractiveGenerator
+from rag.generation.hf import HFGenerator
+from rag.generation.prompt import PromptBuilder
 
-__all__ = ["Generator", "NoGenerator"]
+__all__ = ["ExtractiveGenerator", "Generator", "HFGenerator", "NoGenerator", "PromptBuilder"]
