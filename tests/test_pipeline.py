@@ -102,3 +102,20 @@ def test_run_py_entry_point(tiny_files):
     assert bad.returncode != 0
     assert "fusion.alpha must be in [0, 1], got 1.5" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_generation_adds_answer_metrics_and_caches_answers(tiny_files, compose_cfg):
+    base = tiny_overrides(tiny_files) + ["llm=extractive", "reranker=mmr", "context.labels=true", "context.expand_neighbors=1"]
+    first = run(compose_cfg(base), tiny_files["out"] / "a")
+    for m in ("answer_gt", "grounding", "hallucination"):
+        assert m in first["metrics"]
+    assert -1.0 <= first["metrics"]["answer_gt"]["mean"] <= 1.0
+    assert first["latency"]["generate_ms_median"] >= 0 and "rerank_ms_p95" in first["latency"]
+    assert first["artifacts"]["answers"]["hit"] is False
+    rows = [json.loads(line) for line in (tiny_files["out"] / "a" / "per_question.jsonl").read_text().splitlines()]
+    assert all(r["answer"] and r["contexts"][0]["label"] for r in rows)
+    # Changing only an evaluation threshold reuses the answers; changing the contexts does not.
+    second = run(compose_cfg(base + ["eval.tau_h=0.3"]), tiny_files["out"] / "b")
+    assert second["artifacts"]["answers"]["hit"] is True
+    third = run(compose_cfg(base + ["context.expand_neighbors=0"]), tiny_files["out"] / "c")
+    assert third["artifacts"]["answers"]["hit"] is False
