@@ -1,41 +1,357 @@
-"""Collect finished runs (directories holding metrics.json) into one table.
+"""Collect finished (and failed) runs into one table.
 
-`python -m experiments.aggregate RUN_DIR_OR_PARENT...` prints a markdown table, one row per run.
+A run directory is any directory holding `metrics.json` (a finished run) or `failure.json` (a
+multirun job whose pipeline raised); a Hydra output directory (`.hydra/`) with neither is reported
+as failed too (the run never finished: killed, crashed, or a single run that exited on an error). Sweep directories and
+any parents of run directories are accepted, and runs from different days can be mixed.
+
+`python -m experiments.aggregate RUN_DIR_OR_PARENT...` prints a markdown table, one row per run;
+`python -m experiments.compare ...` builds the full report (summary.csv/md and charts).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import yaml
+
+METRICS_FILE = "metrics.json"
+FAILURE_FILE = "failure.json"
+PER_QUESTION_FILE = "per_question.jsonl"
+# Directories never searched for runs: Hydra's own records and MLflow's artifact copies.
+SKIP_DIRS = {".hydra", "mlruns", "__pycache__", ".git"}
+# Override keys that say how a run is executed or reported, not what it computes.
+NON_PARAM_PREFIXES = ("hydra", "report", "tracking", "sweep", "paths")
 
 
-def find_runs(paths: list[Path]) -> list[Path]:
-    runs: list[Path] = []
-    for p in paths:
-        runs.extend(sorted(m.parent for m in Path(p).rglob("metrics.json")))
-    return runs
+@dataclass
+class RunRecord:
+    path: Path
+    status: str  # "ok" | "failed"
+    metrics: dict[str, Any] | None = None  # metrics.json
+    failure: dict[str, Any] | None = None  # failure.json (or a synthesized one)
+    overrides: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)  # resolved config
+    choices: dict[str, Any] = field(default_factory=dict)  # Hydra's config-group choices
+    job_num: int | None = None
+    sweep_dir: Path | None = None
+    _per_question: list[dict[str, Any]] | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def variant(self) -> str:
+        if self.metrics:
+            return str(self.metrics.get("variant", "custom"))
+        return str(self.config.get("variant", "custom"))
+
+    def per_question(self) -> list[dict[str, Any]]:
+        if self._per_question is None:
+            f = self.path / PER_QUESTION_FILE
+            rows: list[dict[str, Any]] = []
+            if f.exists():
+                with open(f, encoding="utf-8") as fh:
+                    rows = [json.loads(line) for line in fh if line.strip()]
+            self._per_question = rows
+        return self._per_question
+
+    def question_values(self, metric: str) -> dict[str, float | None]:
+        """Question id -> per-question value of `metric` (None where not scored)."""
+        return {str(r["id"]): r.get(metric) for r in self.per_question() if "id" in r}
+
+
+def _natural_key(p: Path) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(p))]
+
+
+def find_run_dirs(paths: list[Path] | list[str]) -> list[Path]:
+    """Run directories under each path (the path itself if it is one), in the order the paths
+    are given, each path's runs in natural order (job 2 before job 10); duplicates dropped."""
+    seen: set[Path] = set()
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"no such run directory: {p}")
+        if p.is_file():  # a metrics.json named directly
+            p = p.parent
+        found: list[Path] = []
+        for root, dirs, files in os.walk(p):
+            dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+            d = Path(root)
+            if METRICS_FILE in files or FAILURE_FILE in files:
+                found.append(d)
+            elif (d / ".hydra" / "overrides.yaml").exists():
+                found.append(d)  # a Hydra run or sweep job that never finished
+        for d in sorted(found, key=_natural_key):
+            r = d.resolve()
+            if r not in seen:
+                seen.add(r)
+                out.append(d)
+    return out
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, yaml.YAMLError):
+        return None
+
+
+def load_run(path: Path) -> RunRecord:
+    path = Path(path)
+    overrides = _read_yaml(path / ".hydra" / "overrides.yaml") or []
+    hydra_cfg = (_read_yaml(path / ".hydra" / "hydra.yaml") or {}).get("hydra", {}) or {}
+    choices = dict((hydra_cfg.get("runtime") or {}).get("choices") or {})
+    job_num = (hydra_cfg.get("job") or {}).get("num")
+    job_num = job_num if isinstance(job_num, int) else None  # '???' outside a multirun
+    sweep_dir = None
+    if hydra_cfg.get("mode") == "MULTIRUN" or (path.parent / "multirun.yaml").exists():
+        sweep_dir = path.parent
+    if job_num is None and sweep_dir is not None and path.name.isdigit():
+        job_num = int(path.name)
+
+    metrics = failure = None
+    mfile, ffile = path / METRICS_FILE, path / FAILURE_FILE
+    if mfile.exists():
+        try:
+            metrics = json.loads(mfile.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            failure = {"error_type": "CorruptResults", "message": f"unreadable metrics.json: {e}"}
+    if ffile.exists():
+        failed = json.loads(ffile.read_text(encoding="utf-8"))
+        # A failure newer than the metrics (a re-run into the same directory) wins.
+        if metrics is None or ffile.stat().st_mtime >= mfile.stat().st_mtime:
+            failure, metrics = failed, None
+    if metrics is None and failure is None:
+        failure = {"error_type": "Unfinished", "message": "the job wrote no metrics.json (killed or crashed?)"}
+
+    config = (metrics or {}).get("config") or _read_yaml(path / "config_resolved.yaml") or {}
+    if not config:
+        config = _read_yaml(path / ".hydra" / "config.yaml") or {}
+    return RunRecord(
+        path=path,
+        status="ok" if metrics is not None else "failed",
+        metrics=metrics,
+        failure=failure,
+        overrides=[str(o) for o in overrides],
+        config=config if isinstance(config, dict) else {},
+        choices=choices,
+        job_num=int(job_num) if job_num is not None else None,
+        sweep_dir=sweep_dir,
+    )
+
+
+def load_records(paths: list[Path] | list[str]) -> list[RunRecord]:
+    return [load_run(p) for p in find_run_dirs(paths)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters: what was overridden, and what varies between runs
+
+
+def parse_override(o: str) -> tuple[str, str | None]:
+    """'+version=v1' -> ('version', 'v1'); '~key' -> ('key', None)."""
+    key, _, value = o.partition("=")
+    deleted = key.startswith("~")
+    key = key.lstrip("+~")
+    return key, (None if deleted else value)
+
+
+def is_param_key(key: str) -> bool:
+    return not any(key == p or key.startswith(p + ".") or key.startswith(p + "/") for p in NON_PARAM_PREFIXES)
+
+
+def coerce(v: Any) -> Any:
+    """Numbers from override strings ('256' -> 256, '0.3' -> 0.3), other values as they are."""
+    if isinstance(v, str):
+        s = v.strip().strip("'\"")
+        for conv in (int, float):
+            try:
+                return conv(s)
+            except ValueError:
+                pass
+        if s.lower() in ("true", "false"):
+            return s.lower() == "true"
+        if s.lower() in ("null", "none"):
+            return None
+        return s
+    return v
+
+
+def config_value(cfg: dict[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def run_params(rec: RunRecord, keys: list[str]) -> dict[str, Any]:
+    """The value of each key for one run: its own override, else its config-group choice, else
+    its resolved config (so a run that did not override a key still has a value for it)."""
+    own = {}
+    for o in rec.overrides:
+        k, v = parse_override(o)
+        own["variant" if k == "version" else k] = v
+    out: dict[str, Any] = {}
+    for key in keys:
+        if key == "variant":
+            out[key] = rec.variant
+        elif key in own:
+            out[key] = coerce(own[key])
+        elif key in rec.choices:
+            out[key] = rec.choices[key]
+        else:
+            v = config_value(rec.config, key)
+            if isinstance(v, dict):
+                target = v.get("_target_")
+                v = str(target).rsplit(".", 1)[-1] if target else json.dumps(v, sort_keys=True)
+            elif isinstance(v, list):
+                v = json.dumps(v)
+            out[key] = v
+    return out
+
+
+def param_keys(records: list[RunRecord]) -> list[str]:
+    """Every overridden parameter (first-seen order), plus 'variant'."""
+    keys: list[str] = ["variant"]
+    for rec in records:
+        for o in rec.overrides:
+            k, _ = parse_override(o)
+            k = "variant" if k == "version" else k
+            if is_param_key(k) and k not in keys:
+                keys.append(k)
+    return keys
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+
+
+def varying_keys(params: list[dict[str, Any]], keys: list[str]) -> list[str]:
+    """Keys with two or more distinct known values (an unknown value, None, is not a difference:
+    a job that died before writing its config, or a parameter a component does not have)."""
+    return [k for k in keys if len({_hashable(p.get(k)) for p in params if p.get(k) is not None}) > 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The summary table
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def short_names(keys: list[str]) -> dict[str, str]:
+    """Last dotted component of each key, unless two keys would share it."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def make_labels(records: list[RunRecord], params: list[dict[str, Any]], varying: list[str]) -> list[str]:
+    names = short_names(varying)
+    labels = []
+    for rec, p in zip(records, params):
+        if varying == ["variant"]:
+            label = str(p["variant"])
+        elif varying:
+            # A parameter the run does not have (None: e.g. alpha under RRF fusion) is left out.
+            label = " ".join(
+                (str(p[k]) if k == "variant" else f"{names[k]}={_fmt_value(p[k])}") for k in varying
+                if p.get(k) is not None
+            ) or rec.path.name
+        else:
+            label = rec.variant if len(records) == 1 else rec.path.name
+        labels.append(label)
+    counts: dict[str, int] = {}
+    for lab in labels:
+        counts[lab] = counts.get(lab, 0) + 1
+    seen: dict[str, int] = {}
+    out = []
+    for rec, lab in zip(records, labels):
+        if counts[lab] > 1:  # e.g. the same configuration run on two days
+            seen[lab] = seen.get(lab, 0) + 1
+            where = f"{rec.path.parent.name}/{rec.path.name}" if rec.sweep_dir else rec.path.name
+            lab = f"{lab} [{where}]"
+        out.append(lab)
+    return out
+
+
+def metric_names(records: list[RunRecord]) -> list[str]:
+    names: list[str] = []
+    for rec in records:
+        for m in (rec.metrics or {}).get("metrics", {}):
+            if m not in names:
+                names.append(m)
+    return names
+
+
+def summary_frame(records: list[RunRecord]) -> tuple[pd.DataFrame, list[str], list[str]]:
+    """One row per run: job, label, status and error, overrides (one column per overridden key,
+    filled from the config for runs that did not override it), the objective, every metric with
+    its CI and n, latency, counts and stage timings. Returns (frame, varying keys, metrics)."""
+    keys = param_keys(records)
+    params = [run_params(r, keys) for r in records]
+    varying = varying_keys(params, keys)
+    labels = make_labels(records, params, varying)
+    metrics = metric_names(records)
+    rows = []
+    for rec, p, label in zip(records, params, labels):
+        m = rec.metrics or {}
+        failure = rec.failure or {}
+        row: dict[str, Any] = {
+            "job": rec.job_num if rec.job_num is not None else "",
+            "label": label,
+            "status": rec.status,
+            "error_type": failure.get("error_type", ""),
+            "error": failure.get("message", ""),
+            "overrides": " ".join(rec.overrides),
+        }
+        for k in keys:
+            row[k] = p.get(k)
+        obj = m.get("objective") or {}
+        row["objective"] = obj.get("name", rec.config.get("objective", ""))
+        row["objective_value"] = obj.get("value", float("nan"))
+        for name in metrics:
+            agg = m.get("metrics", {}).get(name)
+            row[name] = agg["mean"] if agg else float("nan")
+            row[f"{name}_ci_low"] = agg["ci95"][0] if agg else float("nan")
+            row[f"{name}_ci_high"] = agg["ci95"][1] if agg else float("nan")
+            row[f"{name}_n"] = agg["n"] if agg else 0
+        for corpus, per in m.get("by_corpus", {}).items():
+            for name, agg in per.items():
+                row[f"{corpus}/{name}"] = agg["mean"]
+        row.update({f"latency_{k}": v for k, v in m.get("latency", {}).items()})
+        row.update({f"n_{k}": v for k, v in m.get("counts", {}).items()})
+        for stage, s in m.get("timings_s", {}).items():
+            row[f"t_{stage}_s"] = s
+        row["run_dir"] = str(rec.path)
+        rows.append(row)
+    return pd.DataFrame(rows), varying, metrics
 
 
 def load_runs(paths: list[Path]) -> pd.DataFrame:
-    rows = []
-    for run in find_runs(paths):
-        m = json.loads((run / "metrics.json").read_text())
-        row = {"run": str(run), "variant": m.get("variant")}
-        for name, agg in m["metrics"].items():
-            row[name] = agg["mean"]
-            row[f"{name}_ci_low"], row[f"{name}_ci_high"] = agg["ci95"]
-        for corpus, metrics in m.get("by_corpus", {}).items():
-            for name, agg in metrics.items():
-                row[f"{corpus}/{name}"] = agg["mean"]
-        for stage, s in m.get("timings_s", {}).items():
-            row[f"t_{stage}_s"] = s
-        row.update({f"latency_{k}": v for k, v in m.get("latency", {}).items()})
-        row.update({f"n_{k}": v for k, v in m.get("counts", {}).items()})
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """The summary table of every run under `paths` (see summary_frame), with a `run` column."""
+    df, _, _ = summary_frame(load_records(paths))
+    if not df.empty:
+        df.insert(0, "run", df["run_dir"])
+        df.insert(1, "variant", df.pop("variant"))
+    return df
 
 
 def markdown_table(df: pd.DataFrame, columns: list[str], digits: int = 3) -> str:
@@ -44,8 +360,8 @@ def markdown_table(df: pd.DataFrame, columns: list[str], digits: int = 3) -> str
 
     def fmt(v: object) -> str:
         if isinstance(v, float):
-            return f"{v:.{digits}f}"
-        return "" if v is None else str(v)
+            return "" if math.isnan(v) else f"{v:.{digits}f}"
+        return "" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df[cols].itertuples(index=False)]
@@ -56,15 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path)
     args = parser.parse_args(argv)
-    df = load_runs(args.paths)
-    if df.empty:
+    records = load_records(args.paths)
+    if not records:
         print("no runs (metrics.json) found under " + ", ".join(map(str, args.paths)), file=sys.stderr)
         return 1
-    metric_cols = [c for c in df.columns if "/" not in c and not c.endswith(("_ci_low", "_ci_high"))
-                   and c not in ("run",) and not c.startswith(("t_", "latency_", "n_"))]
-    print(markdown_table(df, metric_cols))
+    df, varying, metrics = summary_frame(records)
+    print(markdown_table(df, ["job", "label", "status"] + metrics + ["error"]))
     print()
-    print(markdown_table(df, ["variant"] + [c for c in df.columns if c.startswith("t_")], digits=2))
+    print(markdown_table(df, ["label"] + [c for c in df.columns if c.startswith("t_")], digits=2))
     return 0
 
 

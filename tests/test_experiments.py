@@ -1,0 +1,367 @@
+"""The experiments layer without the pipeline: statistics, run loading, the report and its charts,
+the compare CLI, MLflow tracking against a real local store, the benchmark registry.
+
+Runs here are synthetic run directories (metrics.json + per_question.jsonl written by the test),
+so these tests need no model and take seconds; tests/test_sweeps.py runs real sweeps."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from eval.stats import bootstrap_ci
+from experiments import bench, charts
+from experiments.aggregate import find_run_dirs, load_records, summary_frame
+from experiments.compare import main as compare_main
+from experiments.report import ReportSettings, build_report
+from experiments.stats import bootstrap_mean_ci, paired_bootstrap
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+METRICS = ("recall_at_k", "mrr")
+
+
+def assert_valid_png(path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    assert path.exists(), path
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100, img.shape
+    assert float(img[..., :3].std()) > 0.01, f"{path} is blank"
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+
+
+def test_bootstrap_ci_covers_known_mean():
+    rng = np.random.default_rng(1)
+    values = rng.normal(0.0, 0.2, size=300)
+    values = values - values.mean() + 0.3  # a sample whose mean is exactly 0.3
+    lo, hi = bootstrap_ci(values, n_resamples=1000, seed=0)
+    assert lo < 0.3 < hi
+    assert hi - lo < 0.1
+    assert bootstrap_mean_ci(values, 1000, seed=0) == pytest.approx((lo, hi))
+
+    # Coverage over many samples from the same distribution is close to the nominal 95%.
+    covered = 0
+    trials = 200
+    for i in range(trials):
+        sample = rng.normal(0.3, 0.2, size=100)
+        lo, hi = bootstrap_ci(sample, n_resamples=400, seed=i)
+        covered += lo <= 0.3 <= hi
+    assert 0.88 <= covered / trials <= 0.995, covered / trials
+
+
+def test_paired_bootstrap_flags_a_real_difference_not_a_null_one():
+    rng = np.random.default_rng(7)
+    n = 200
+    ids = [f"q{i}" for i in range(n)]
+    base = rng.uniform(0, 1, n)  # question difficulty: large, shared by both variants
+    better = np.clip(base + 0.05 + rng.normal(0, 0.05, n), 0, 1)
+    noise = rng.normal(0, 0.05, n)
+    null = base + (noise - noise.mean())  # per-question noise, no difference on average
+
+    a = dict(zip(ids, base))
+    d = paired_bootstrap(a, dict(zip(ids, better)), n_resamples=2000, seed=0)
+    assert d.significant and d.direction == 1 and d.marker() == "▲"
+    assert d.ci_low > 0 and d.mean_diff == pytest.approx(float(np.mean(better - base)))
+    assert d.n == n and d.p_value < 0.01
+
+    d0 = paired_bootstrap(a, dict(zip(ids, null)), n_resamples=2000, seed=0)
+    assert not d0.significant and d0.direction == 0 and d0.marker() == ""
+    assert d0.ci_low < 0 < d0.ci_high
+
+    worse = paired_bootstrap(dict(zip(ids, better)), a, n_resamples=2000, seed=0)
+    assert worse.direction == -1 and worse.marker() == "▼"
+
+    # The same shift is invisible to unpaired intervals: they overlap widely.
+    lo_a, hi_a = bootstrap_ci(base, 2000, seed=0)
+    lo_b, hi_b = bootstrap_ci(better, 2000, seed=0)
+    assert lo_b < hi_a
+
+
+def test_paired_bootstrap_uses_common_questions_only():
+    a = {"q1": 1.0, "q2": 0.0, "q3": None, "q4": 1.0}
+    b = {"q1": 1.0, "q2": 1.0, "q3": 1.0, "q5": 0.0}
+    d = paired_bootstrap(a, b, n_resamples=200)
+    assert d.n == 2  # q3 has no value in a; q4, q5 are not in both
+    assert d.mean_diff == pytest.approx(0.5)
+    same = paired_bootstrap(a, a, n_resamples=200)
+    assert (same.ci_low, same.ci_high) == (0.0, 0.0) and not same.significant
+    empty = paired_bootstrap({"x": 1.0}, {"y": 1.0})
+    assert empty.n == 0 and not empty.significant
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic runs
+
+
+def write_run(path: Path, *, variant: str = "custom", overrides: list[str] = (), values: dict[str, list[float]],
+              latency_ms: float = 10.0, job: int | None = None, k: int = 5) -> Path:
+    """A run directory as the pipeline and Hydra leave it (metrics.json, per_question.jsonl,
+    .hydra/overrides.yaml, .hydra/hydra.yaml)."""
+    path.mkdir(parents=True, exist_ok=True)
+    n = len(next(iter(values.values())))
+    metrics = {}
+    for m, v in values.items():
+        lo, hi = bootstrap_ci(np.array(v), 200, seed=0)
+        metrics[m] = {"mean": float(np.mean(v)), "ci95": [lo, hi], "n": n}
+    config = {"variant": variant, "objective": "mrr", "eval": {"k": k, "bootstrap": {"resamples": 300, "seed": 0}},
+              "chunker": {"_target_": "rag.chunking.SlidingWindowChunker", "chunk_size": 512, "chunk_overlap": 64},
+              "fusion": {"_target_": "rag.fusion.WeightedFusion", "alpha": 0.5}}
+    for o in overrides:
+        key, _, val = o.lstrip("+").partition("=")
+        node = config
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = json.loads(val) if val.replace(".", "", 1).isdigit() else val
+    doc = {
+        "variant": variant,
+        "objective": {"name": "mrr", "value": metrics["mrr"]["mean"]},
+        "metrics": metrics,
+        "by_corpus": {"libc": metrics},
+        "counts": {"questions": n, "chunks": 100},
+        "latency": {"retrieve_ms_median": latency_ms, "total_ms_median": latency_ms},
+        "timings_s": {"retrieve": 0.1, "score": 0.2},
+        "artifacts": {},
+        "config": config,
+    }
+    (path / "metrics.json").write_text(json.dumps(doc))
+    rows = [{"id": f"q{i}", "corpus": "libc", **{m: v[i] for m, v in values.items()}} for i in range(n)]
+    (path / "per_question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / ".hydra").mkdir(exist_ok=True)
+    (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    mode = "MULTIRUN" if job is not None else "RUN"
+    (path / ".hydra" / "hydra.yaml").write_text(
+        f"hydra:\n  mode: {mode}\n  job:\n    num: {job if job is not None else '???'}\n"
+        "  runtime:\n    choices:\n      chunker: sliding_window\n")
+    return path
+
+
+def synthetic_grid(root: Path, failed: tuple[int, float] | None = (512, 0.7)) -> Path:
+    """A 2 x 3 chunk_size x alpha sweep directory; one job failed."""
+    rng = np.random.default_rng(0)
+    n = 40
+    base = rng.uniform(0, 1, n)
+    sweep = root / "sweep"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    job = 0
+    for cs in (256, 512):
+        for alpha in (0.3, 0.5, 0.7):
+            ov = [f"chunker.chunk_size={cs}", "retriever=hybrid", f"fusion.alpha={alpha}"]
+            d = sweep / str(job)
+            if failed == (cs, alpha):
+                (d / ".hydra").mkdir(parents=True)
+                (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in ov))
+                (d / "failure.json").write_text(json.dumps({"error_type": "RagError", "message": "boom"}))
+            else:
+                shift = 0.3 * alpha - 0.0002 * cs
+                mrr = np.clip(base + shift + rng.normal(0, 0.02, n), 0, 1)
+                rec = (mrr > 0.5).astype(float)
+                write_run(d, overrides=ov, values={"recall_at_k": list(rec), "mrr": list(mrr)},
+                          latency_ms=5 + cs / 100, job=job)
+            job += 1
+    return sweep
+
+
+def test_load_records_finds_ok_failed_and_unfinished_runs(tmp_path):
+    sweep = synthetic_grid(tmp_path)
+    (sweep / "9" / ".hydra").mkdir(parents=True)  # killed before writing anything
+    (sweep / "9" / ".hydra" / "overrides.yaml").write_text("- chunker.chunk_size=1024\n- fusion.alpha=0.9\n")
+    (sweep / "mlruns" / "x").mkdir(parents=True)  # tracker copies are never runs
+    (sweep / "mlruns" / "x" / "metrics.json").write_text("{}")
+    dirs = find_run_dirs([tmp_path])
+    assert [d.name for d in dirs] == ["0", "1", "2", "3", "4", "5", "9"]
+    records = load_records([sweep])
+    status = {r.path.name: r.status for r in records}
+    assert status["5"] == "failed" and status["9"] == "failed" and status["0"] == "ok"
+    assert records[5].failure["message"] == "boom"
+    assert "no metrics.json" in records[6].failure["message"]
+    df, varying, metrics = summary_frame(records)
+    assert varying == ["chunker.chunk_size", "fusion.alpha"]
+    assert metrics == list(METRICS)
+    assert list(df["chunker.chunk_size"]) == [256, 256, 256, 512, 512, 512, 1024]
+    assert df.loc[0, "label"] == "chunk_size=256 alpha=0.3"
+    for col in ("status", "error", "mrr", "mrr_ci_low", "mrr_ci_high", "recall_at_k_n", "overrides"):
+        assert col in df.columns
+
+
+def test_report_marks_failures_differences_and_draws_grid_charts(tmp_path):
+    sweep = synthetic_grid(tmp_path)
+    rep = build_report(load_records([sweep]), sweep, ReportSettings())
+    df = pd.read_csv(sweep / "summary.csv")
+    assert len(df) == 6 and list(df["status"]).count("failed") == 1
+    failed = df[df["status"] == "failed"].iloc[0]
+    assert failed["error"] == "boom" and failed["error_type"] == "RagError"
+    assert failed["chunker.chunk_size"] == 512 and failed["fusion.alpha"] == 0.7
+    assert df["baseline"].tolist().count(True) == 1 and bool(df.loc[0, "baseline"])
+
+    # alpha raises MRR by 0.3 * 0.4 from 0.3 to 0.7: a clear paired difference vs the baseline
+    cmp = pd.read_csv(sweep / "comparison.csv")
+    row = cmp[(cmp["label"] == "chunk_size=256 alpha=0.7") & (cmp["metric"] == "mrr")].iloc[0]
+    assert bool(row["significant"]) and row["marker"] == "▲" and row["ci_low"] > 0
+
+    md = (sweep / "summary.md").read_text()
+    assert "▲" in md and "(baseline)" in md and "## Failed jobs" in md and "boom" in md
+    names = {p.name for p in rep.charts}
+    assert {"grid_heatmap.png", "grid_heatmap.svg", "grid_heatmap_metrics.png", "latency_quality.png"} <= names
+    assert "version_comparison.png" not in names  # the variant does not vary
+    for p in rep.charts:
+        if p.suffix == ".png":
+            assert_valid_png(p)
+            assert f"charts/{p.name}" in md
+        else:
+            assert p.read_text().lstrip().startswith("<?xml")
+
+
+def test_version_chart_for_variants_and_configurable_baseline(tmp_path):
+    rng = np.random.default_rng(3)
+    base = rng.uniform(0, 1, 30)
+    for i, v in enumerate(["v1", "v2", "v3"]):
+        mrr = np.clip(base + 0.1 * i, 0, 1)
+        write_run(tmp_path / "day1" / v if i < 2 else tmp_path / "day2" / v, variant=v, overrides=[f"+version={v}"],
+                  values={"recall_at_k": list((mrr > 0.4).astype(float)), "mrr": list(mrr)})
+    out = tmp_path / "report"
+    rep = build_report(load_records([tmp_path / "day2", tmp_path / "day1"]), out, ReportSettings(baseline="v2"))
+    assert rep.varying == ["variant"] and rep.baseline == "v2"
+    assert list(rep.frame["label"]) == ["v3", "v1", "v2"]
+    assert {p.name for p in rep.charts} >= {"version_comparison.png", "version_comparison.svg", "latency_quality.png"}
+    assert_valid_png(out / "charts" / "version_comparison.png")
+    cmp = rep.comparison.set_index(["label", "metric"])
+    assert cmp.loc[("v1", "mrr"), "marker"] == "▼" and cmp.loc[("v3", "mrr"), "marker"] == "▲"
+    # default baseline: v1 when present
+    rep = build_report(load_records([tmp_path]), tmp_path / "r2", ReportSettings(charts=False))
+    assert rep.baseline == "v1" and rep.charts == []
+
+
+def test_one_numeric_parameter_draws_lines_and_many_draw_jobs(tmp_path):
+    rng = np.random.default_rng(5)
+    base = rng.uniform(0, 1, 20)
+    for i, a in enumerate((0.1, 0.5, 0.9)):
+        write_run(tmp_path / "alpha" / str(i), overrides=[f"fusion.alpha={a}"], job=i,
+                  values={"recall_at_k": list((base > a).astype(float)), "mrr": list(base * a)})
+    rep = build_report(load_records([tmp_path / "alpha"]), tmp_path / "r1")
+    assert {p.name for p in rep.charts} >= {"metric_lines.png", "latency_quality.png"}
+    assert_valid_png(tmp_path / "r1" / "charts" / "metric_lines.png")
+
+    for i in range(5):  # an Optuna-like search: scattered values of three parameters
+        ov = [f"fusion.alpha={rng.uniform():.3f}", f"eval.k={3 + i}", f"chunker.chunk_overlap={10 * i}"]
+        write_run(tmp_path / "opt" / str(i), overrides=ov, job=i, values={"recall_at_k": [1.0, 0.0], "mrr": [0.5, 0.2 * i / 5]})
+    rep = build_report(load_records([tmp_path / "opt"]), tmp_path / "r2")
+    names = {p.name for p in rep.charts}
+    assert "jobs_objective.png" in names and "grid_heatmap.png" not in names
+    assert_valid_png(tmp_path / "r2" / "charts" / "jobs_objective.png")
+
+
+def test_run_chart_and_labels():
+    assert charts.metric_label("recall_at_k", 5) == "recall@5"
+    assert "0–1" in charts.metric_label("mrr", unit=True)
+    assert charts.param_label("chunker.chunk_size", "tokens") == "chunk size (tokens)"
+    df = pd.DataFrame({"latency_retrieve_ms_per_question": [1.0], "latency_total_ms_median": [2.0]})
+    assert charts.latency_column(df) == "latency_total_ms_median"
+    assert charts.latency_column(df[["latency_retrieve_ms_per_question"]]) == "latency_retrieve_ms_per_question"
+    assert "ms" in charts.latency_label("latency_total_ms_median")
+
+
+def test_compare_cli_mixes_sweeps_and_single_runs(tmp_path):
+    sweep = synthetic_grid(tmp_path / "2025-01-01", failed=None)
+    single = write_run(tmp_path / "2025-01-02" / "12-00-00-v1", variant="v1", overrides=["+version=v1"],
+                       values={"recall_at_k": [1.0, 0.0, 1.0], "mrr": [1.0, 0.0, 0.5]})
+    out = tmp_path / "cmp"
+    assert compare_main([str(sweep), str(single.parent), "--out", str(out), "--formats", "png"]) == 0
+    df = pd.read_csv(out / "summary.csv")
+    assert len(df) == 7 and set(df["status"]) == {"ok"}
+    assert (out / "summary.md").exists() and (out / "comparison.csv").exists()
+    pngs = sorted((out / "charts").glob("*.png"))
+    assert pngs and not list((out / "charts").glob("*.svg"))
+    for p in pngs:
+        assert_valid_png(p)
+    assert compare_main([str(tmp_path / "nothing-here")]) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert compare_main([str(empty)]) == 1
+    # default --out: a new directory under outputs/compare/<timestamp>
+    from experiments.compare import default_out
+
+    a = default_out(tmp_path / "compare")
+    a.mkdir(parents=True)
+    assert default_out(tmp_path / "compare") != a
+
+
+# ---------------------------------------------------------------------------------------------
+# tracking
+
+
+def test_mlflow_tracker_logs_to_a_local_store(tmp_path):
+    pytest.importorskip("mlflow")
+    from experiments.tracking import PARENT_RUN_FILE, MLflowTracker, NullTracker, mlflow_client
+
+    assert NullTracker().log_job(tmp_path) is None
+    uri = f"file:{tmp_path / 'mlruns'}"
+    run = write_run(tmp_path / "sweep" / "0", variant="v2", overrides=["+version=v2", "fusion.alpha=0.3"],
+                    values={"recall_at_k": [1.0, 0.0], "mrr": [1.0, 0.25]}, job=0)
+    (run / "config_resolved.yaml").write_text("variant: v2\n")
+    result = json.loads((run / "metrics.json").read_text())
+    tracker = MLflowTracker(tracking_uri=uri, experiment="ragrig-test")
+
+    parent = tracker.start_sweep(tmp_path / "sweep", ["fusion.alpha=0.3,0.7"])
+    assert (tmp_path / "sweep" / PARENT_RUN_FILE).read_text() == parent
+    run_id = tracker.log_job(run, result=result, overrides=["+version=v2", "fusion.alpha=0.3", "hydra.verbose=true"],
+                             choices={"chunker": "sliding_window", "hydra/launcher": "basic"},
+                             sweep_dir=tmp_path / "sweep", job_name="v2-0")
+    failed_id = tracker.log_job(tmp_path / "sweep" / "1", failure={"error_type": "RagError", "message": "bad alpha"},
+                                overrides=["fusion.alpha=1.5"], sweep_dir=tmp_path / "sweep")
+    (tmp_path / "sweep" / "summary.csv").write_text("status,objective_value\nok,0.625\nfailed,\n")
+    tracker.end_sweep(tmp_path / "sweep", [tmp_path / "sweep" / "summary.csv"])
+
+    client = mlflow_client(uri)
+    got = client.get_run(run_id)
+    assert got.info.status == "FINISHED" and got.info.run_name == "v2-0"
+    assert got.data.params == {"chunker": "sliding_window", "version": "v2", "fusion.alpha": "0.3"}
+    assert got.data.metrics["mrr"] == pytest.approx(0.625)
+    assert got.data.metrics["objective"] == pytest.approx(0.625)
+    assert "mrr_ci_low" in got.data.metrics and "latency_total_ms_median" in got.data.metrics
+    assert got.data.tags["mlflow.parentRunId"] == parent
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"metrics.json", "per_question.jsonl", "config_resolved.yaml", "charts"} <= artifacts
+    assert [a.path for a in client.list_artifacts(run_id, "charts")] == ["charts/run_metrics.png"]
+    local = client.download_artifacts(run_id, "per_question.jsonl", str(tmp_path / "dl"))
+    assert Path(local).read_text() == (run / "per_question.jsonl").read_text()
+
+    bad = client.get_run(failed_id)
+    assert bad.info.status == "FAILED" and bad.data.tags["ragrig.error"] == "bad alpha"
+    sweep_run = client.get_run(parent)
+    assert sweep_run.info.status == "FINISHED" and sweep_run.data.metrics["jobs_failed"] == 1.0
+    assert "summary.csv" in {a.path for a in client.list_artifacts(parent)}
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks
+
+
+def test_bench_registry_and_cli(tmp_path, monkeypatch, capsys):
+    assert "alpha_sweep" in bench.BENCHMARKS
+    monkeypatch.setattr(bench, "BENCHMARKS", dict(bench.BENCHMARKS))
+
+    @bench.benchmark("dummy", "a benchmark for the test")
+    def dummy(ctx):
+        assert ctx.overrides == ["eval.k=3"]
+        assert ctx.compose(["fusion=weighted"]).eval.k == 3
+        return {"table": [{"measure": "answer", "value": 42.0, "unit": "s", "note": ""}], "x": 1}
+
+    with pytest.raises(ValueError):
+        bench.benchmark("dummy", "twice")(dummy)
+    assert bench.main(["--list"]) == 0
+    assert "alpha_sweep" in capsys.readouterr().out
+    assert bench.main(["--only", "nope"]) == 2
+    assert bench.main(["--out", str(tmp_path), "--only", "dummy", "eval.k=3"]) == 0
+    res = json.loads((tmp_path / "dummy.json").read_text())
+    assert res["x"] == 1 and res["table"][0]["value"] == 42.0
+    assert "| answer | 42.000 | s |" in (tmp_path / "bench.md").read_text()
+    assert "dummy" in json.loads((tmp_path / "results.json").read_text())
