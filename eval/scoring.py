@@ -7,6 +7,8 @@ reused: they are then the same numbers the evaluation embedder would compute.
 """
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,26 @@ import numpy as np
 from eval import metrics as M
 from eval.stats import bootstrap_ci
 from rag.types import Chunk, Hits, QAItem, RagError
+
+_MEMO_SIZE = 50_000  # texts; ~1.5 KB each for a 384-d model
+_memo: "OrderedDict[tuple[str, str], np.ndarray]" = OrderedDict()
+
+
+def encode_memoized(embedder: Any, texts: list[str]) -> np.ndarray:
+    """The evaluation embedder's vectors, memoized per text within the process: the jobs of an
+    in-process sweep score the same ground truths and mostly the same chunks, and re-encoding
+    them was the floor of every job's cost."""
+    model_key = json.dumps(embedder.id, sort_keys=True, default=str)
+    missing = list(dict.fromkeys(t for t in texts if (model_key, t) not in _memo))
+    if missing:
+        for t, v in zip(missing, embedder.encode(missing, show_progress=False)):
+            _memo[(model_key, t)] = v
+        while len(_memo) > _MEMO_SIZE:
+            _memo.popitem(last=False)
+    if not texts:
+        return np.zeros((0, 0), np.float32)
+    return np.stack([_memo[(model_key, t)] for t in texts])
+
 
 RETRIEVAL_METRICS = ("recall_at_k", "mrr", "precision_at_k", "hit_at_k_id", "mrr_id")
 ANSWER_METRICS = ("answer_gt", "grounding", "hallucination")
@@ -63,12 +85,12 @@ def score(
     valid = ids >= 0
     n_q = len(qa)
 
-    e_truth = eval_embedder.encode([item.answer for item in qa], show_progress=False)
+    e_truth = encode_memoized(eval_embedder, [item.answer for item in qa])
     rows = np.unique(ids[valid])
     if chunk_vectors is not None:
         row_vecs = np.asarray(chunk_vectors[rows], np.float32)
     else:
-        row_vecs = eval_embedder.encode([chunks[r].text for r in rows], show_progress=False)
+        row_vecs = encode_memoized(eval_embedder, [chunks[r].text for r in rows])
     pos = {int(r): i for i, r in enumerate(rows)}
     sims = np.full(ids.shape, -1.0)
     for q in range(n_q):
