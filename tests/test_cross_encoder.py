@@ -295,7 +295,8 @@ def test_trained_model_is_cached_and_keyed_by_settings(tmp_path: Path, monkeypat
     assert T.artifact_key({**TINY_TRAIN, "seed": 1}, docs)[0] != docs_key
     assert T.artifact_key({**TINY_TRAIN, "threads": 2}, docs)[0] == docs_key  # speed only
     assert T.artifact_key(TINY_TRAIN, docs[:-1])[0] != docs_key
-    r3 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "epochs": 2, "corpus": corpus}, cache_dir=cache_dir)
+    r3 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "epochs": 2, "corpus": corpus},
+                              cache_dir=cache_dir)
     with pytest.raises(AssertionError, match="trained again"):
         r3.warm_up()
 
@@ -341,8 +342,7 @@ def test_real_corpus_mining_uses_no_evaluation_question(tmp_path: Path, compose_
         questions = instantiate(cfg.qa).load()
     except RagError as e:
         pytest.skip(f"real corpora not available: {e}")
-    s = T.train_settings(train)
-    mined = T.mine(docs, s["pairs"], seed=s["seed"], val_queries=s["val_queries"], val_fraction=s["val_fraction"])
+    mined = T.mine_with(docs, train)
     asked = {T._norm(q.question) for q in questions}
     for g in mined.train + mined.val:
         q = T._norm(g.query)
