@@ -62,23 +62,6 @@ def _resampled_means(d: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
     return out
 
 
-def bootstrap_mean_ci(
-    values: np.ndarray, n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (NaNs dropped); the same estimator as
-    eval.stats.bootstrap_ci, usable without eval/."""
-    v = np.asarray(values, np.float64)
-    v = v[~np.isnan(v)]
-    if len(v) == 0:
-        return (float("nan"), float("nan"))
-    if n_resamples <= 0 or len(v) == 1:
-        return (float(v.mean()), float(v.mean()))
-    means = _resampled_means(v, n_resamples, seed)
-    a = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(means, [a, 1.0 - a])
-    return (float(lo), float(hi))
-
-
 def _valid(v: object) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
