@@ -255,6 +255,7 @@ def export_onnx_model(model_name: str, path: str, quantize: str | None, cache_ro
     once across parallel jobs: see ArtifactCache). int8 is quantized from the float export."""
     from rag.cache import ArtifactCache, make_key
 
+    _require_onnxruntime()
     cache = ArtifactCache(cache_root)
     base = onnx_export_params(model_name, path, None)
     base_key = make_key(ONNX_KIND, base)
@@ -265,6 +266,14 @@ def export_onnx_model(model_name: str, path: str, quantize: str | None, cache_ro
     key = make_key(ONNX_KIND, params, {ONNX_KIND: base_key})
     q = cache.get_or_build(ONNX_KIND, key, lambda tmp: _quantize_int8(art.path, tmp), inputs=params)
     return q.path
+
+
+def _require_onnxruntime() -> None:
+    try:
+        import onnx  # noqa: F401  (quantization and the exporter's checks)
+        import onnxruntime  # noqa: F401
+    except ImportError as e:
+        raise RagError(f"embedder.backend=onnx needs onnxruntime and onnx ({e}); pip install onnxruntime onnx") from e
 
 
 def _embedding_dim(model: Any) -> int:

@@ -97,7 +97,7 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
 
     clock = start()
     n_texts = n_texts or (16 if tiny else 2000 if full else 1000)
-    blocks = blocks or (2 if tiny else 4)
+    blocks = blocks or (2 if tiny else 10)
     texts = pubmedqa_chunks(n_texts)
     embedder = make_embedder("minilm")
     t0 = time.perf_counter()
@@ -114,10 +114,12 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
         size = -(-len(texts) // blocks)
         parts = [texts[i : i + size] for i in range(0, len(texts), size)]
         times = {"harness": 0.0, "bare": 0.0}
+        cpu = {"harness": 0.0, "bare": 0.0}  # this process's CPU time: less sensitive to other processes
         harness_vecs, bare_vecs, caches = [], [], []
         for b, part in enumerate(parts):
             chunk_set = chunk_set_of(part)
             for side in (("harness", "bare") if b % 2 == 0 else ("bare", "harness")):
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 if side == "harness":
                     cache = ArtifactCache(tmp / f"cache-{b}")
@@ -127,6 +129,7 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
                     vecs = st.encode(part, batch_size=embedder.batch_size, normalize_embeddings=embedder.normalize,
                                      convert_to_numpy=True, show_progress_bar=False)
                 times[side] += time.perf_counter() - t0
+                cpu[side] += time.process_time() - c0
                 (harness_vecs if side == "harness" else bare_vecs).append(np.asarray(vecs))
         max_abs = float(np.abs(np.concatenate(harness_vecs) - np.concatenate(bare_vecs)).max())
         harness_s, bare_s = times["harness"], times["bare"]
@@ -161,6 +164,9 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
         "harness_chunks_per_s": round(n / harness_s, 2),
         "bare_chunks_per_s": round(n / bare_s, 2),
         "harness_vs_bare": ratio(bare_s, harness_s),
+        "harness_cpu_s": round(cpu["harness"], 3),
+        "bare_cpu_s": round(cpu["bare"], 3),
+        "harness_vs_bare_cpu": ratio(cpu["bare"], cpu["harness"]),
         "max_abs_diff_vs_bare": max_abs,
         "work": work,
         "gemm_gflops": gemm,
@@ -179,7 +185,8 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
             f"{n} PubMedQA chunks, ~{result['mean_chars']:.0f} chars, batch {embedder.batch_size}"),
         row("harness embedding stage (Artifacts.vectors -> encode_to_npy)", result["harness_chunks_per_s"], "chunks/s",
             f"{len(parts)} interleaved parts, empty cache each"),
-        row("**harness / bare throughput**", result["harness_vs_bare"], "x", "target >= 0.95"),
+        row("**harness / bare throughput**", result["harness_vs_bare"], "x",
+            f"target >= 0.95; by CPU time {result['harness_vs_bare_cpu']}x"),
         row("max |harness - bare| vector difference", max_abs, ""),
         row("encoder arithmetic rate (harness)", result["harness_gflops"], "GFLOP/s",
             f"{work['gflop']} GFLOP for {work['tokens']:,} tokens ({work['padding_overhead']}x with padding)"),
