@@ -35,6 +35,7 @@ class ChunkSet:
     def __post_init__(self) -> None:
         self.sources = np.array([c.source for c in self.chunks], dtype=object)
         self._positions: dict[tuple[str, int], int] | None = None
+        self._rows_by_sources: dict[frozenset[str], np.ndarray] = {}
 
     @property
     def texts(self) -> list[str]:
@@ -47,7 +48,15 @@ class ChunkSet:
         return self._positions.get((doc_id, position))
 
     def rows_of_sources(self, sources: frozenset[str]) -> np.ndarray:
-        return np.flatnonzero(np.isin(self.sources, list(sources))).astype(np.int64)
+        """Rows whose source is in `sources`; the same (read-only) array for the same filter, so
+        that it is computed once per filter, not once per question (13 ms at 1M chunks), and
+        the indexes can reuse what they derive from it."""
+        rows = self._rows_by_sources.get(sources)
+        if rows is None:
+            rows = np.flatnonzero(np.isin(self.sources, list(sources))).astype(np.int64)
+            rows.flags.writeable = False
+            self._rows_by_sources[sources] = rows
+        return rows
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -124,20 +133,30 @@ class Artifacts:
 
 def encode_to_npy(embedder: SentenceTransformerEmbedder, texts: list[str], path: Path) -> dict:
     """Encode texts into a float32 .npy written block by block (never whole in memory twice).
-    Identical texts (boilerplate repeated across documents) are encoded once."""
+    Identical texts (boilerplate repeated across documents) are encoded once.
+
+    The embedder yields (rows, vectors) pairs from `encode_blocks`, in any order, so an engine
+    that encodes on several workers (rag.distributed) writes the very same file."""
     unique: dict[str, int] = {}
     inverse = np.fromiter((unique.setdefault(t, len(unique)) for t in texts), dtype=np.int64, count=len(texts))
     uniq_texts = list(unique)
     dim = embedder.dim
-    uniq_path = path.with_name("unique.tmp.npy")
+    # With no repeated text (the usual case) the unique vectors are the result: encode straight
+    # into the output, not into a second file that is then copied (2x the writes and page cache).
+    all_unique = len(uniq_texts) == len(texts)
+    uniq_path = path if all_unique else path.with_name("unique.tmp.npy")
     out_u = np.lib.format.open_memmap(uniq_path, mode="w+", dtype=np.float32, shape=(len(uniq_texts), dim))
-    for i in range(0, len(uniq_texts), ENCODE_BLOCK):
-        out_u[i : i + ENCODE_BLOCK] = embedder.encode(uniq_texts[i : i + ENCODE_BLOCK])
+    for rows, vecs in embedder.encode_blocks(uniq_texts, ENCODE_BLOCK):
+        out_u[rows] = vecs
     out_u.flush()
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(texts), dim))
-    for i in range(0, len(texts), ENCODE_BLOCK):
-        out[i : i + ENCODE_BLOCK] = out_u[inverse[i : i + ENCODE_BLOCK]]
-    out.flush()
-    del out, out_u
-    uniq_path.unlink()
+    if not all_unique:
+        out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(texts), dim))
+        for i in range(0, len(texts), ENCODE_BLOCK):
+            out[i : i + ENCODE_BLOCK] = out_u[inverse[i : i + ENCODE_BLOCK]]
+        out.flush()
+        del out
+        del out_u
+        uniq_path.unlink()
+    else:
+        del out_u
     return {"n": len(texts), "unique": len(uniq_texts), "dim": dim, "embedder": json.loads(json.dumps(embedder.id))}

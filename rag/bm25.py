@@ -15,6 +15,7 @@ import math
 import re
 from functools import lru_cache
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -41,16 +42,28 @@ def _stemmer(language: str) -> Any:
     return Stemmer.Stemmer(language)
 
 
-def tokenize(texts: list[str], stopwords: bool = True, stem: bool = True) -> list[list[str]]:
-    """Lowercase word tokens (identifiers such as O_NONBLOCK or register_forward_hook stay whole),
-    English stopwords removed, Snowball-stemmed."""
+def iter_tokens(texts: list[str], stopwords: bool = True, stem: bool = True) -> Iterator[list[str]]:
+    """Lowercase word tokens per text (identifiers such as O_NONBLOCK or register_forward_hook stay
+    whole), English stopwords removed, Snowball-stemmed."""
     stop = _stopwords() if stopwords else frozenset()
     stemmer = _stemmer("english") if stem else None
-    out = []
     for text in texts:
         toks = [t for t in _TOKEN.findall(text.lower()) if t not in stop]
-        out.append(stemmer.stemWords(toks) if stemmer else toks)
-    return out
+        yield stemmer.stemWords(toks) if stemmer else toks
+
+
+def tokenize(texts: list[str], stopwords: bool = True, stem: bool = True) -> list[list[str]]:
+    return list(iter_tokens(texts, stopwords, stem))
+
+
+def token_ids(texts: list[str], stopwords: bool = True, stem: bool = True) -> tuple[list[list[int]], dict[str, int]]:
+    """The corpus as token ids plus the vocabulary, one text at a time. Holding every token of a
+    large corpus as a Python string costs ~60 bytes a token (3.2 GB transient at 1M chunks, for an
+    index that keeps 0.9 GB); an id list entry points at the vocabulary's own int, 8 bytes. It
+    also spares bm25s its own pass that maps strings to ids."""
+    vocab: dict[str, int] = {}
+    ids = [[vocab.setdefault(t, len(vocab)) for t in toks] for toks in iter_tokens(texts, stopwords, stem)]
+    return ids, vocab
 
 
 def _lucene_idf(n_docs: int, df: float) -> float:
@@ -78,6 +91,7 @@ class BM25Index:
         self.stopwords, self.stem = bool(stopwords), bool(stem)
         self.model: Any = None
         self.n_docs = 0
+        self._mask_cache: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -93,15 +107,15 @@ class BM25Index:
         return tokenize(texts, self.stopwords, self.stem)
 
     def build(self, texts: list[str]) -> "BM25Index":
-        tokens = self._tok(texts)
-        self.n_docs = len(tokens)
+        self.n_docs = len(texts)
+        self._mask_cache = None
         if self.backend == "bm25s":
             import bm25s
 
             self.model = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
-            self.model.index(tokens, show_progress=False)
+            self.model.index(token_ids(texts, self.stopwords, self.stem), show_progress=False)
         else:
-            self.model = _rank_bm25_lucene(tokens, self.k1, self.b)
+            self.model = _rank_bm25_lucene(self._tok(texts), self.k1, self.b)
         return self
 
     def save(self, directory: Path) -> None:
@@ -111,6 +125,7 @@ class BM25Index:
         import bm25s
 
         self.model = bm25s.BM25.load(str(directory), mmap=False, allow_pickle=False)
+        self._mask_cache = None
         self.n_docs = int(self.model.scores["num_docs"])
         return self
 
@@ -119,10 +134,7 @@ class BM25Index:
         no lexical evidence, and rank-based fusion would otherwise credit them."""
         n = max(1, min(n, self.n_docs))
         q_tokens = self._tok(queries)
-        mask = None
-        if allowed is not None:
-            mask = np.zeros(self.n_docs, np.float32)
-            mask[np.asarray(allowed, np.int64)] = 1.0
+        mask = None if allowed is None else self._mask(allowed)
         if self.backend == "bm25s":
             ids, scores = self._search_bm25s(q_tokens, n, mask)
         else:
@@ -131,15 +143,28 @@ class BM25Index:
         scores = np.where(scores > 0, scores, -np.inf)
         return Hits(ids, scores)
 
+    def _mask(self, allowed: np.ndarray) -> np.ndarray:
+        # Same filter rows (ChunkSet.rows_of_sources returns one array per filter), same mask:
+        # built once, not once per question (4 MB of writes a question at 1M chunks).
+        cached = self._mask_cache
+        if cached is not None and cached[0] is allowed:
+            return cached[1]
+        mask = np.zeros(self.n_docs, np.float32)
+        mask[np.asarray(allowed, np.int64)] = 1.0
+        self._mask_cache = (allowed, mask)
+        return mask
+
     def _search_bm25s(self, q_tokens: list[list[str]], n: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         # bm25s rejects a query with no known token; such queries simply have no lexical hits.
+        # n_threads=0 is bm25s's plain loop; 1 starts a thread pool on every call (0.3 ms idle,
+        # several ms on a busy machine, more than the search itself below ~100k chunks).
         vocab = self.model.vocab_dict
         known = [[t for t in toks if t in vocab] for toks in q_tokens]
         ids = np.full((len(known), n), -1, np.int64)
         scores = np.zeros((len(known), n), np.float32)
         rows = [i for i, toks in enumerate(known) if toks]
         if rows:
-            res = self.model.retrieve([known[i] for i in rows], k=n, show_progress=False, weight_mask=mask, n_threads=1)
+            res = self.model.retrieve([known[i] for i in rows], k=n, show_progress=False, weight_mask=mask, n_threads=0)
             ids[rows] = res.documents
             scores[rows] = res.scores
         return ids, scores

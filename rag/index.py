@@ -8,6 +8,9 @@ filter is applied inside the search rather than by over-fetching and dropping re
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,24 @@ from rag.types import Hits, RagError
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "index.faiss"
+# Below this many queries a search runs on one OpenMP thread. FAISS's thread pool costs more to
+# wake and join than a single query's scan saves: on 2 cores, a flat 100k single query took 24-32
+# ms on two threads vs 6-7 ms on one, and 99 vs 79 ms at 1M (docs/bench.md). Retrieval asks one
+# question at a time (Retriever.search_timed), so this is the latency every run reports.
+FEW_QUERIES = 8
+
+
+@contextmanager
+def _omp_threads(n: int | None) -> Iterator[None]:
+    if n is None:
+        yield
+        return
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(n)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 class VectorIndex:
@@ -28,6 +49,7 @@ class VectorIndex:
 
     def __init__(self) -> None:
         self.index: Any = None
+        self._selector_cache: tuple[np.ndarray, Any] | None = None
 
     # The artifact cache key of an index: everything that determines the built structure.
     @property
@@ -45,11 +67,21 @@ class VectorIndex:
         if vectors.ndim != 2 or vectors.shape[0] == 0:
             raise RagError(f"index: need a non-empty 2-d array of vectors, got shape {vectors.shape}")
         self.index = self._new(vectors.shape[1], vectors.shape[0])
+        self._selector_cache = None
         if not self.index.is_trained:
             self.index.train(vectors)
-        # Adding in bounded batches keeps the temporary copies FAISS makes small.
-        for i in range(0, len(vectors), batch_size):
+        # Adding in bounded batches keeps the temporary copies FAISS makes small, and lets a long
+        # build (HNSW: ~7.5 min for 1M vectors on 2 cores) report its progress. It is not made
+        # resumable: at that length a rerun is cheaper than checkpointing a graph FAISS can only
+        # write whole, and the cache never publishes a half-built index.
+        n, t0 = len(vectors), time.perf_counter()
+        for i in range(0, n, batch_size):
             self.index.add(vectors[i : i + batch_size])
+            done = min(n, i + batch_size)
+            if n > batch_size:
+                elapsed = time.perf_counter() - t0
+                log.info("index %s: %d/%d vectors added (%.0f s, about %.0f s left)", type(self).__name__,
+                         done, n, elapsed, elapsed / done * (n - done))
         self._after_build()
         return self
 
@@ -72,23 +104,34 @@ class VectorIndex:
                 "(embedder changed? the index must be rebuilt with the same embedder)"
             )
         n = max(1, min(n, self.ntotal))
-        if allowed is None:
-            dist, ids = self.index.search(queries, n)
-        else:
-            allowed = np.ascontiguousarray(allowed, dtype=np.int64)
-            if allowed.size == 0:
+        params = None
+        if allowed is not None:
+            if len(allowed) == 0:
                 return Hits.empty(len(queries), n)
-            sel = faiss.IDSelectorBatch(allowed)
-            dist, ids = self.index.search(queries, n, params=self._search_params(sel))
+            params = self._search_params(self._selector(allowed))
+        with _omp_threads(1 if len(queries) < FEW_QUERIES else None):
+            dist, ids = self.index.search(queries, n, params=params)
         scores = dist if self.metric == "ip" else -dist
         scores = np.where(ids >= 0, scores, -np.inf)
         return Hits(ids, scores)
+
+    def _selector(self, allowed: np.ndarray) -> Any:
+        # A filter's rows come from ChunkSet.rows_of_sources, which returns the same array for the
+        # same filter; building FAISS's selector (a hash set of up to every row) once per filter
+        # instead of once per question matters at a million chunks.
+        cached = self._selector_cache
+        if cached is not None and cached[0] is allowed:
+            return cached[1]
+        sel = faiss.IDSelectorBatch(np.ascontiguousarray(allowed, dtype=np.int64))
+        self._selector_cache = (allowed, sel)
+        return sel
 
     def save(self, directory: Path) -> None:
         faiss.write_index(self.index, str(Path(directory) / INDEX_FILE))
 
     def load(self, directory: Path) -> "VectorIndex":
         self.index = faiss.read_index(str(Path(directory) / INDEX_FILE))
+        self._selector_cache = None
         self._after_build()
         return self
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from rag.bm25 import BM25Index, tokenize
+from rag.bm25 import BM25Index, token_ids, tokenize
 from rag.types import RagError
 
 CORPUS = [
@@ -74,3 +74,29 @@ def test_bad_backend_and_parameters():
         BM25Index("lucene")
     with pytest.raises(RagError, match="b="):
         BM25Index(b=1.5)
+
+
+def test_index_built_from_token_ids_scores_like_one_built_from_token_strings():
+    """build() hands bm25s integer ids (8 bytes a token, not a Python string each); the scores are
+    those of bm25s's own string path."""
+    import bm25s
+
+    from_strings = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
+    from_strings.index(tokenize(CORPUS), show_progress=False)
+    ours = BM25Index().build(CORPUS).model
+    ids, vocab = token_ids(CORPUS)
+    assert len(ids) == len(CORPUS) and all(isinstance(i, int) for doc in ids for i in doc)
+    for q in tokenize(QUERIES):
+        np.testing.assert_allclose(ours.get_scores(q), from_strings.get_scores(q), rtol=1e-6)
+
+
+def test_a_repeated_filter_reuses_its_mask_and_a_new_one_does_not():
+    index = BM25Index().build(CORPUS)
+    libc, torch_rows = np.array([0, 1, 2, 5, 6, 8, 9, 11]), np.array([3, 4, 7, 10])
+    a = index.search(["weight decay pointer"], 3, allowed=libc)
+    mask = index._mask_cache[1]
+    index.search(["weight decay pointer"], 3, allowed=libc)
+    assert index._mask_cache[1] is mask
+    b = index.search(["weight decay pointer"], 3, allowed=torch_rows)
+    assert set(a.ids[a.ids >= 0].tolist()) <= set(libc.tolist())
+    assert set(b.ids[b.ids >= 0].tolist()) <= set(torch_rows.tolist()) and 10 in b.ids

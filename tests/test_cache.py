@@ -108,3 +108,24 @@ def test_leftovers_of_a_killed_builder_are_removed(tmp_path):
     (stale / "half.npy").write_bytes(b"partial")
     ArtifactCache(tmp_path).get_or_build("thing", "k", _writer([]))
     assert not stale.exists()
+
+
+def test_checksums_are_verified_once_per_process_until_the_file_changes(tmp_path, monkeypatch):
+    """A warm run looks its vectors up more than once; hashing 1.5 GB each time (1M chunks) buys
+    nothing. A file whose stat changes (rewritten, replaced) is hashed again."""
+    import os
+
+    import rag.cache as cache_mod
+
+    cache, calls = ArtifactCache(tmp_path), []
+    art = cache.get_or_build("thing", "k", _writer(calls))
+    hashed = []
+    real = cache_mod.file_sha256
+    monkeypatch.setattr(cache_mod, "file_sha256", lambda p, *a: hashed.append(p) or real(p, *a))
+    assert cache.lookup("thing", "k") is not None and len(hashed) == 1  # first lookup reads the file
+    assert cache.lookup("thing", "k") is not None and len(hashed) == 1  # later ones trust the stat
+    payload = art.file("payload.txt")
+    payload.write_text("HELLO")  # same size
+    st = payload.stat()
+    os.utime(payload, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # the clock moved on
+    assert cache.lookup("thing", "k") is None and len(hashed) == 2

