@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup demo test test-slow test-crash test-all bench data clean
+.PHONY: setup demo test test-slow test-crash test-distributed test-all bench data clean
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -31,6 +31,12 @@ test-slow: setup
 # Runs killed with SIGKILL mid-build and rerun; CI runs this target too.
 test-crash: setup
 	$(PYTHON) -m pytest -q -m crash
+
+# Ray embedding engine and the Ray/submitit launchers, against a local two-node Ray cluster on
+# 127.0.0.1; installs the optional extra (ray[data], hydra-ray-launcher, hydra-submitit-launcher).
+test-distributed: setup
+	$(PIP) install --quiet -e ".[distributed]"
+	$(PYTHON) -m pytest -q -m distributed
 
 test-all: setup
 	$(PYTHON) -m pytest -q -m "slow or scale or distributed or crash or not slow"

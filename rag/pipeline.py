@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
@@ -102,7 +102,9 @@ class Session:
 
 def open_session(cfg: DictConfig) -> Session:
     timer = StageTimer()
-    cache = ArtifactCache(cfg.paths.cache)
+    # A relative cache path means the directory the command was started in, also for a job that
+    # a launcher runs in another directory or on another node (Hydra carries that directory along).
+    cache = ArtifactCache(to_absolute_path(str(cfg.paths.cache)))
 
     # Build every component first: a bad config value fails here, before any expensive stage.
     settings = ScoreSettings(

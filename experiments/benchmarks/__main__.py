@@ -1,7 +1,7 @@
 """Runs the benchmark families on their own (experiments/bench.py wires them into `make bench`).
 
-    python -m experiments.benchmarks                      # quick: every family, < 30 min on 2 cores
-    python -m experiments.benchmarks --full               # + 1M FAISS/HNSW, v3/v4, longer encodes
+    python -m experiments.benchmarks                      # quick: every family but ray_encoding, < 30 min on 2 cores
+    python -m experiments.benchmarks --full               # + 1M FAISS/HNSW, v3/v4, longer encodes, Ray
     python -m experiments.benchmarks --only bm25 --only faiss --out outputs/bench/families
 
 Writes <out>/<name>.json per family, <out>/results.json and <out>/bench.md (tables).
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.benchmarks import REGISTRY, describe
+from experiments.benchmarks import OPT_IN, REGISTRY, describe
 from experiments.benchmarks.common import environment, loadavg
 from rag.config import PROJECT_ROOT
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args.out.mkdir(parents=True, exist_ok=True)
-    names = args.only or list(REGISTRY)
+    names = args.only or [n for n in REGISTRY if args.full or n not in OPT_IN]
     env = environment()
     results: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()

