@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup demo test test-slow test-crash test-distributed test-all bench data clean
+.PHONY: setup demo test test-slow test-crash test-distributed test-scale test-all bench data clean
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -37,6 +37,11 @@ test-crash: setup
 test-distributed: setup
 	$(PIP) install --quiet -e ".[distributed]"
 	$(PYTHON) -m pytest -q -m distributed
+
+# A million synthetic chunks through the artifact path: peak memory, file formats, cache reuse
+# (a few minutes, ~5 GB of memory).
+test-scale: setup
+	$(PYTHON) -m pytest -q -m scale
 
 test-all: setup
 	$(PYTHON) -m pytest -q -m "slow or scale or distributed or crash or not slow"
