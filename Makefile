@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup demo test test-slow test-crash test-distributed test-scale test-all bench data clean
+.PHONY: setup demo test test-slow test-crash test-distributed test-scale test-gpu test-all bench data clean
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -34,14 +34,22 @@ test-crash: setup
 
 # Ray embedding engine and the Ray/submitit launchers, against a local two-node Ray cluster on
 # 127.0.0.1; installs the optional extra (ray[data], hydra-ray-launcher, hydra-submitit-launcher).
+# The file's unmarked tests (configuration and errors) need ray too: without the extra, `make test`
+# skips them, so they run here.
 test-distributed: setup
 	$(PIP) install --quiet -e ".[distributed]"
-	$(PYTHON) -m pytest -q -m distributed
+	$(PYTHON) -m pytest -q -m "distributed or not (slow or scale or crash or gpu)" tests/test_distributed.py
 
 # A million synthetic chunks through the artifact path: peak memory, file formats, cache reuse
 # (a few minutes, ~5 GB of memory).
 test-scale: setup
 	$(PYTHON) -m pytest -q -m scale
+
+# CUDA generation paths (llm.device=cuda, llm.quantization=4bit) on the packaged SmolLM2; needs a
+# CUDA GPU. The gpu extra (bitsandbytes) is installed here, not by setup: no use without CUDA.
+test-gpu: setup
+	$(PIP) install --quiet -e ".[gpu]"
+	$(PYTHON) -m pytest -q -s -m gpu
 
 test-all: setup
 	$(PYTHON) -m pytest -q -m "slow or scale or distributed or crash or not slow"

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def register_resolvers() -> None:
+    # imported here so that PROJECT_ROOT needs no OmegaConf (benchmarks run on GPU machines without it)
+    from omegaconf import OmegaConf
+
     # ${ragrig_root:} lets configs name project files (data/qa/...) independently of the cwd.
     if not OmegaConf.has_resolver("ragrig_root"):
         OmegaConf.register_new_resolver("ragrig_root", lambda: str(PROJECT_ROOT))

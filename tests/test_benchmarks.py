@@ -4,11 +4,13 @@ the keys that experiments/bench.py and docs/bench.md rely on. The figures themse
 from __future__ import annotations
 
 import inspect
+import json
 
 import numpy as np
 import pytest
 
 from experiments.benchmarks import REGISTRY, bm25, common, faiss_indexes
+from rag.config import PROJECT_ROOT
 
 COMMON_KEYS = {"table", "environment", "wall_s", "loadavg_start", "loadavg_end"}
 
@@ -20,7 +22,8 @@ def _check_table(res):
 
 
 def test_registry_functions_take_quick_and_full():
-    assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "ray_encoding"}
+    assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "ray_encoding",
+                             "generation"}
     for fn in REGISTRY.values():
         params = inspect.signature(fn).parameters
         assert list(params)[:2] == ["quick", "full"] and "tiny" in params
@@ -140,3 +143,38 @@ def test_end_to_end_tiny():
     assert "error" not in v1["cold"], v1["cold"]
     assert "embed" in v1["cold"]["timings_s"] and all(v1["warm"]["artifacts_hit"].values())
     assert not all(v1["cold"]["artifacts_hit"].values())
+
+
+def test_generation_prompts_hold_their_answer_among_five_passages():
+    from experiments.benchmarks.generation import PASSAGES, rag_prompts
+
+    questions, contexts, truths = rag_prompts(7)
+    answers = [json.loads(line)["answer"] for line in (PROJECT_ROOT / "data/qa/pytorch.jsonl").read_text().splitlines()]
+    assert len(questions) == len(contexts) == 7 and truths == answers[:7]
+    for i, ctx in enumerate(contexts):
+        assert len(ctx) == PASSAGES and [c.text for c in ctx].count(answers[i]) == 1
+        assert [c.text for c in ctx].index(answers[i]) == i % PASSAGES  # the answer is not always first
+
+
+@pytest.mark.slow
+def test_generation_tiny_runs_the_cpu_baseline():
+    from experiments.benchmarks.generation import bench_generation
+
+    res = bench_generation(quick=True, full=False, tiny=True)
+    _check_table(res)
+    cpu = res["variants"]["cpu_float32"]
+    assert cpu["new_tokens"] > 0 and cpu["tokens_per_s"] > 0 and len(cpu["answers"]) == 2
+    assert -1 <= res["quality"]["cpu_float32"]["answer_gt"] <= 1
+
+
+def test_generation_answer_quality_pairs_each_variant_with_the_cpu():
+    from experiments.benchmarks.generation import answer_quality, rag_prompts
+
+    _, _, truths = rag_prompts(3)
+    # the truth itself scores 1 against the truth; an unrelated answer scores lower, and the paired
+    # difference says so
+    result = {"n_prompts": 3, "variants": {"cpu_float32": {"answers": truths},
+                                           "cuda_4bit": {"answers": ["Paris is the capital of France."] * 3}}}
+    q = answer_quality(result, resamples=100)
+    assert q["cpu_float32"]["answer_gt"] > 0.999
+    assert q["cuda_4bit"]["answer_gt"] < 0.5 and q["cuda_4bit"]["answer_gt_diff_ci"][1] < 0

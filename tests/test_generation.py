@@ -2,6 +2,7 @@
 reranker's ordering (with a fake model), and one slow end-to-end test with the packaged SmolLM2."""
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -122,6 +123,15 @@ def test_4bit_config_without_cuda_fails_in_one_line_before_loading(compose_cfg, 
         build(cfg.llm)
     assert str(e.value) == llm_module.NO_CUDA_4BIT
     assert "\n" not in str(e.value)
+
+
+def test_4bit_config_with_cuda_but_without_bitsandbytes_names_the_extra(compose_cfg, monkeypatch, no_loading, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # what `import bitsandbytes` finds where it is absent
+    cfg = compose_cfg(["llm=qwen2_5_1_5b_4bit", f"paths.cache={tmp_path}"])
+    with pytest.raises(RagError) as e:
+        build(cfg.llm)
+    assert str(e.value) == 'llm.quantization=4bit needs the bitsandbytes package: pip install -e ".[gpu]"'
 
 
 def test_missing_local_model_path_is_named(no_loading, tmp_path):

@@ -32,6 +32,7 @@ DTYPES = ("float32", "float16", "bfloat16", "auto")
 NO_CUDA_4BIT = (
     "llm.quantization=4bit needs a CUDA GPU (bitsandbytes); none is available - use llm=smollm2 or llm=hf on CPU"
 )
+NO_BITSANDBYTES = "llm.quantization=4bit needs the bitsandbytes package: pip install -e \".[gpu]\""
 
 
 def resolve_llm_path(model: str) -> str:
@@ -77,6 +78,11 @@ def check_device(device: str, quantization: str | None) -> None:
         raise RagError(f"llm.quantization must be null or '4bit', got {quantization!r}")
     if quantization == "4bit" and not torch.cuda.is_available():
         raise RagError(NO_CUDA_4BIT)
+    if quantization == "4bit":
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError as e:  # transformers would fail later, deep inside from_pretrained
+            raise RagError(NO_BITSANDBYTES) from e
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise RagError(f"llm.device={device} but no CUDA GPU is available - use llm.device=cpu")
 
