@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from rag.bm25 import BM25Index, token_ids, tokenize
+from rag.bm25 import BM25Index, token_ids, tokenize, top_k
 from rag.types import RagError
 
 CORPUS = [
@@ -100,3 +100,36 @@ def test_a_repeated_filter_reuses_its_mask_and_a_new_one_does_not():
     b = index.search(["weight decay pointer"], 3, allowed=torch_rows)
     assert set(a.ids[a.ids >= 0].tolist()) <= set(libc.tolist())
     assert set(b.ids[b.ids >= 0].tolist()) <= set(torch_rows.tolist()) and 10 in b.ids
+
+
+def test_top_k_takes_the_highest_positive_scores_by_score_then_row():
+    scores = np.array([0.0, 2.0, 0.0, 5.0, 2.0, -1.0, 0.0, 3.0], np.float32)
+    rows, top = top_k(scores, 3)
+    assert rows.tolist() == [3, 7, 1] and top.tolist() == [5.0, 3.0, 2.0]  # tie 1 vs 4: lower row
+    rows, _ = top_k(scores, 10)
+    assert rows.tolist() == [3, 7, 1, 4]  # zero and negative rows are never hits
+    assert len(top_k(np.zeros(5, np.float32), 3)[0]) == 0
+
+
+@pytest.mark.parametrize("nonzero", [0.03, 0.98])
+def test_top_k_agrees_with_a_full_sort_even_with_many_ties(nonzero):
+    # rare terms: mostly zero scores; common terms: nearly every row scores, few distinct values
+    rng = np.random.default_rng(0)
+    values = np.round(rng.random(50_000) * 8) / 4 + 0.25
+    scores = np.where(rng.random(50_000) < nonzero, values, 0).astype(np.float32)
+    rows, top = top_k(scores, 10)
+    expect = np.lexsort((np.arange(len(scores)), -scores))[:10]
+    assert rows.tolist() == expect.tolist()
+    np.testing.assert_array_equal(top, scores[expect])
+
+
+def test_bm25s_search_matches_bm25s_own_retrieve():
+    """BM25Index uses bm25s's scores with its own top-k selection: same documents, same scores."""
+    index = BM25Index("bm25s").build(CORPUS)
+    hits = index.search(QUERIES, 3)
+    for qi, q in enumerate(QUERIES):
+        toks = [t for t in tokenize([q])[0] if t in index.model.vocab_dict]
+        res = index.model.retrieve([toks], k=3, show_progress=False, n_threads=0)
+        positive = res.scores[0] > 0
+        np.testing.assert_allclose(hits.scores[qi][: positive.sum()], res.scores[0][positive], rtol=1e-6)
+        assert set(hits.ids[qi][hits.ids[qi] >= 0].tolist()) == set(res.documents[0][positive].tolist())
