@@ -19,6 +19,7 @@ from typing import Any
 
 from experiments.benchmarks import OPT_IN, REGISTRY, describe
 from experiments.benchmarks.common import environment, loadavg
+from rag.cache import atomic_write_text
 from rag.config import PROJECT_ROOT
 
 log = logging.getLogger("ragrig.benchmarks")
@@ -64,15 +65,15 @@ def main(argv: list[str] | None = None) -> int:
             log.exception("benchmark %s failed", name)
             res = {"error": f"{type(e).__name__}: {e}"}
         results[name] = res
-        (args.out / f"{name}.json").write_text(json.dumps(res, indent=2, default=str))
+        atomic_write_text(args.out / f"{name}.json", json.dumps(res, indent=2, default=str))
         for r in res.get("table", []):
             print(f"  {r['measure']:<70} {r['value']!s:>12} {r.get('unit', '')}  {r.get('note', '')}", flush=True)
         print(f"  ({res.get('wall_s', '?')} s)", flush=True)
     summary = {"mode": "full" if args.full else "quick", "total_wall_s": round(time.perf_counter() - t0, 1),
                "loadavg_end": loadavg(), "environment": env, "results": results}
-    (args.out / "results.json").write_text(json.dumps(summary, indent=2, default=str))
-    (args.out / "bench.md").write_text(markdown(results, env, summary["mode"]) +
-                                       f"\nTotal wall time: {summary['total_wall_s']} s\n")
+    atomic_write_text(args.out / "results.json", json.dumps(summary, indent=2, default=str))
+    atomic_write_text(args.out / "bench.md", markdown(results, env, summary["mode"]) +
+                      f"\nTotal wall time: {summary['total_wall_s']} s\n")
     print(f"total {summary['total_wall_s']} s; wrote {args.out / 'bench.md'}")
     return 1 if any("error" in r and "table" not in r for r in results.values()) else 0
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.benchmarks.common import environment, finish, ratio, row, start
+from rag.cache import atomic_write_text
 from rag.config import PROJECT_ROOT
 from rag.types import Context
 
@@ -105,10 +106,13 @@ def _variants(with_cuda: bool) -> list[dict[str, Any]]:
     out = [{"name": "cpu_float32", "device": "cpu", "dtype": "float32", "quantization": None}]
     if with_cuda:
         out.append({"name": "cuda_float16", "device": "cuda", "dtype": "float16", "quantization": None})
+        from rag.generation.llm import check_device
+        from rag.types import RagError
+
         try:
-            import bitsandbytes  # noqa: F401
-        except ImportError:
-            out.append({"name": "cuda_4bit", "skipped": "bitsandbytes is not installed"})
+            check_device("cuda", "4bit")  # the generator's own check: CUDA and bitsandbytes
+        except RagError as e:
+            out.append({"name": "cuda_4bit", "skipped": str(e)})
         else:
             out.append({"name": "cuda_4bit", "device": "cuda", "dtype": "float16", "quantization": "4bit"})
     return out
@@ -210,7 +214,7 @@ def bench_generation(quick: bool = True, full: bool = False, tiny: bool = False,
                  f"{PASSAGES} passages a prompt; GGUF conversion before timing {prepare_s:.1f} s"),
              row("cpu_float32: tokens/s", base["tokens_per_s"], "tok/s", f"{os.cpu_count()} CPUs, "
                  f"{torch.get_num_threads()} torch threads; baseline"),
-             row("cpu_float32: one prompt alone", base["single_ms_per_token"], "ms/token", f"median of {SINGLE} prompts")]
+             row("cpu_float32: one prompt alone", base["single_ms_per_token"], "ms/token", f"median of {min(SINGLE, n)} prompts")]
     for name, r in results.items():
         if name == "cpu_float32":
             continue
@@ -257,11 +261,12 @@ if __name__ == "__main__":
     if args.score:
         result = json.loads(args.score.read_text())
         result["quality"] = answer_quality(result)
-        result["table"] = [r for r in result["table"] if r["measure"] != "answer quality"] + quality_rows(result["quality"])
-        args.score.write_text(json.dumps(result, indent=2, default=str))
+        stale = {"answer quality"} | {r["measure"] for r in quality_rows(result["quality"])}  # scoring again replaces
+        result["table"] = [r for r in result["table"] if r["measure"] not in stale] + quality_rows(result["quality"])
+        atomic_write_text(args.score, json.dumps(result, indent=2, default=str))  # rewritten in place
     else:
         result = bench_generation(n_prompts=args.n_prompts)
         if args.out:
-            args.out.write_text(json.dumps(result, indent=2, default=str))
+            atomic_write_text(args.out, json.dumps(result, indent=2, default=str))
     for r in result["table"]:
         print(f"{r['measure']:<55} {r['value']!s:>14} {r['unit']:<8} {r['note']}")
