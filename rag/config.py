@@ -1,9 +1,16 @@
 """OmegaConf resolvers used by conf/ (registered before Hydra composes the config)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def data_dir() -> Path:
+    """The development data shipped in data/ (or RAGRIG_DATA): what the default configs read."""
+    env = os.environ.get("RAGRIG_DATA")
+    return Path(env) if env else PROJECT_ROOT / "data"
 
 
 def register_resolvers() -> None:

@@ -22,16 +22,16 @@ from rag.corpus import (
 )
 from rag.corpus.libc import name_line, normalize_rendered, parse_page_name
 from rag.corpus.pytorch import clean_rst
+from rag.config import data_dir
 from rag.types import Document, RagError
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("RAGRIG_SHARED_DATA", ROOT.parent / "shared" / "data"))
-PUBMEDQA = SHARED / "pubmedqa" / "ori_pqal.json"
-MEDLINE = SHARED / "medline" / "pubmed-29768149.xml"
-TORCH_DOCS = SHARED / "pytorch-docs"
+DATA = data_dir()  # ships with the project: these tests never skip for want of it
+PUBMEDQA = DATA / "pubmedqa" / "ori_pqal.json"
+MEDLINE = DATA / "medline" / "pubmed-29768149.xml"
+TORCH_DOCS = DATA / "pytorch-docs"
 MAN = Path("/usr/share/man")
 
-needs_shared = pytest.mark.skipif(not PUBMEDQA.exists(), reason=f"shared data not found at {SHARED}")
 needs_man = pytest.mark.skipif(
     not (MAN / "man2" / "fcntl.2.gz").exists() or not shutil.which("man") or not shutil.which("col"),
     reason="needs man-db, col and the manpages-dev pages",
@@ -52,7 +52,6 @@ def write_jsonl(path: Path, rows: list) -> Path:
 # ---- PubMedQA ----------------------------------------------------------------------------------
 
 
-@needs_shared
 def test_pubmedqa_one_document_per_abstract_ending_with_conclusion():
     raw = json.loads(PUBMEDQA.read_text(encoding="utf-8"))
     docs = PubMedQACorpus(path=str(PUBMEDQA)).load()
@@ -74,7 +73,6 @@ def test_pubmedqa_one_document_per_abstract_ending_with_conclusion():
     assert all(d.text.endswith(raw[d.meta["pmid"]]["LONG_ANSWER"]) for d in docs)
 
 
-@needs_shared
 def test_pubmedqa_fingerprint_names_the_file():
     fp = PubMedQACorpus(path=PUBMEDQA).fingerprint()
     json.dumps(fp)
@@ -323,7 +321,6 @@ def test_pytorch_nn_docstrings():
     assert len(set(bodies)) == len(bodies)
 
 
-@needs_shared
 def test_pytorch_docs_dir():
     corpus = PyTorchCorpus(modules=[], docs_dir=str(TORCH_DOCS))
     docs = corpus.load()
@@ -375,7 +372,6 @@ def medline_xml(*articles: str) -> str:
     return '<?xml version="1.0"?>\n<PubmedArticleSet>\n' + "\n".join(articles) + "\n</PubmedArticleSet>\n"
 
 
-@needs_shared
 def test_medline_record():
     corpus = MedlineCorpus(paths=[str(MEDLINE)])
     docs = corpus.load()
@@ -395,7 +391,6 @@ def test_medline_record():
     assert parts[-1].endswith("NCT02149199 .).")
 
 
-@needs_shared
 def test_medline_gzip_and_fingerprint(tmp_path):
     gz_path = tmp_path / "pubmed.xml.gz"
     gz_path.write_bytes(gzip.compress(MEDLINE.read_bytes()))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import PROJECT_ROOT
+from rag.config import PROJECT_ROOT, data_dir
 from tests.conftest import write_jsonl
 
 pytestmark = pytest.mark.crash
@@ -24,7 +24,7 @@ N_DOCS = 40
 def corpus_files(tmp_path_factory) -> dict[str, Path]:
     """40 PubMedQA abstracts with their questions: a few hundred chunks, seconds of embedding."""
     tmp = tmp_path_factory.mktemp("crash")
-    data = json.loads((PROJECT_ROOT.parent / "shared" / "data" / "pubmedqa" / "ori_pqal.json").read_text())
+    data = json.loads((data_dir() / "pubmedqa" / "ori_pqal.json").read_text())
     items = list(data.items())[:N_DOCS]
     corpus = write_jsonl(tmp / "corpus.jsonl", [
         {"id": f"pmid:{k}", "text": "\n\n".join(v["CONTEXTS"] + [v["LONG_ANSWER"]]), "source": "pubmed"} for k, v in items

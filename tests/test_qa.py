@@ -2,19 +2,18 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from rag.qa import JsonlQuestions, MixedQuestions, PubMedQAQuestions
+from rag.config import data_dir
 from rag.types import QAItem, RagError
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("RAGRIG_SHARED_DATA", ROOT.parent / "shared" / "data"))
-PUBMEDQA = SHARED / "pubmedqa" / "ori_pqal.json"
+DATA = data_dir()  # ships with the project: these tests never skip for want of it
+PUBMEDQA = DATA / "pubmedqa" / "ori_pqal.json"
 
-needs_shared = pytest.mark.skipif(not PUBMEDQA.exists(), reason=f"shared data not found at {SHARED}")
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -26,7 +25,6 @@ def q(i: str, **extra) -> dict:
     return {"id": i, "question": f"question {i}?", "answer": f"answer {i}", **extra}
 
 
-@needs_shared
 def test_pubmedqa_questions():
     raw = json.loads(PUBMEDQA.read_text(encoding="utf-8"))
     items = PubMedQAQuestions(path=str(PUBMEDQA)).load()

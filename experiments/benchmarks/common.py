@@ -333,9 +333,9 @@ def structured_vectors(n: int, dim: int = 384, rank: int = 48, clusters: int = 2
 # -- real texts -----------------------------------------------------------------------------
 
 def pubmedqa_path() -> Path:
-    env = os.environ.get("RAGRIG_SHARED_DATA")
-    base = Path(env) if env else PROJECT_ROOT.parent / "shared" / "data"
-    return base / "pubmedqa" / "ori_pqal.json"
+    from rag.config import data_dir
+
+    return data_dir() / "pubmedqa" / "ori_pqal.json"
 
 
 def pubmedqa_questions(n: int) -> list[str]:
