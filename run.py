@@ -85,6 +85,8 @@ def main(cfg: DictConfig) -> float:
     if multirun:
         (Path(output_dir) / "failure.json").unlink(missing_ok=True)  # a stale one from an earlier attempt
     print(format_table(result))
+    if "dry_run" in result:  # llm.dry_run=true: nothing was generated or scored
+        return float("nan")
     print(f"results: {output_dir}")
     _track(cfg, output_dir, result=result)
     return float(result["objective"]["value"])

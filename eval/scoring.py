@@ -160,18 +160,64 @@ def aggregate(records: list[dict[str, Any]], metrics: list[str], settings: Score
     def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
         out = {}
         for m in metrics:
-            v = np.array([r[m] for r in recs if r.get(m) is not None], np.float64)
-            if len(v) == 0:
-                continue
-            lo, hi = bootstrap_ci(v, settings.bootstrap_resamples, 0.95, settings.bootstrap_seed)
-            out[m] = {"mean": float(v.mean()), "ci95": [lo, hi], "n": int(len(v))}
+            summary = _mean_ci([r[m] for r in recs if r.get(m) is not None], settings)
+            if summary is not None:
+                out[m] = summary
         return out
 
-    by_corpus: dict[str, list[dict[str, Any]]] = {}
-    for r in records:
-        by_corpus.setdefault(r.get("corpus") or "unlabelled", []).append(r)
     return {
         "overall": summarize(records),
-        "by_corpus": {c: summarize(rs) for c, rs in sorted(by_corpus.items())},
+        "by_corpus": {c: summarize(rs) for c, rs in _by_corpus(records).items()},
         "n_questions": len(records),
     }
+
+
+def _mean_ci(values: list[float], settings: ScoreSettings) -> dict[str, Any] | None:
+    v = np.array(values, np.float64)
+    if len(v) == 0:
+        return None
+    lo, hi = bootstrap_ci(v, settings.bootstrap_resamples, 0.95, settings.bootstrap_seed)
+    return {"mean": float(v.mean()), "ci95": [lo, hi], "n": int(len(v))}
+
+
+def _by_corpus(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(r.get("corpus") or "unlabelled", []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def add_judge_scores(records: list[dict[str, Any]], aggregates: dict[str, Any], judged: dict[str, Any],
+                     settings: ScoreSettings) -> list[str]:
+    """Adds the judge's metrics (`judge_<metric>`, eval/judge.py) beside the others: per question
+    the mean of its measured repeats (None when unmeasured) and the repeats themselves under
+    `judge`; per aggregate mean, CI and n over the measured questions, with `unmeasured` (questions
+    without any measured judgement) and `judgements_unmeasured` (of `judgements` asked) beside
+    them, and agreement of the repeats. Returns the metric names added."""
+    from eval.judge import RUBRICS, agreement, fleiss_kappa, question_score
+
+    names = []
+    for metric in judged["metrics"]:
+        name = f"judge_{metric}"
+        names.append(name)
+        for rec, slots in zip(records, judged["per_question"]):
+            rec.setdefault("judge", {})[metric] = slots[metric]
+            rec[name] = question_score(slots[metric])
+
+        def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
+            slots = [r["judge"][metric] for r in recs]
+            errors = [e for s in slots for e in s["errors"] if e]
+            out = _mean_ci([r[name] for r in recs if r[name] is not None], settings) or {
+                "mean": None, "ci95": [None, None], "n": 0}
+            out.update(unmeasured=sum(r[name] is None for r in recs), judgements=sum(len(s["scores"]) for s in slots),
+                       judgements_unmeasured=len(errors),
+                       unmeasured_causes={c: sum(e.startswith(c) for e in errors) for c in ("unparseable", "request failed")})
+            if judged["repeats"] > 1:
+                out["agreement"], out["agreement_n"] = agreement(slots)
+                out["fleiss_kappa"], out["fleiss_kappa_n"] = fleiss_kappa(slots, list(RUBRICS[metric].verdicts))
+            return out
+
+        aggregates["overall"][name] = summarize(records)
+        for corpus, recs in _by_corpus(records).items():
+            aggregates["by_corpus"].setdefault(corpus, {})[name] = summarize(recs)
+    return names

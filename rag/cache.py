@@ -187,6 +187,30 @@ class ArtifactCache:
                 raise
             return Artifact(kind, key, final, manifest, hit=False)
 
+    # -- records: small JSON results cached one by one (an answer, a judgement) ---------------
+
+    def record_path(self, kind: str, key: str) -> Path:
+        return self.root / kind / key[:2] / f"{key}.json"
+
+    def get_record(self, kind: str, key: str) -> dict[str, Any] | None:
+        """A record written by `put_record`, or None. A record is one small JSON file written
+        atomically, so it is whole or absent; one that does not parse (a disk fault, a hand edit)
+        is treated as absent and will be rewritten."""
+        path = self.record_path(kind, key)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError):
+            log.warning("cache: record %s is unreadable; ignoring it", path)
+            return None
+        return data if isinstance(data, dict) and data.get("key") == key else None
+
+    def put_record(self, kind: str, key: str, record: Mapping[str, Any]) -> None:
+        """Results that arrive one at a time (answers from a server) are recorded as they come,
+        so that a run that dies mid-way keeps what it paid for."""
+        atomic_write_text(self.record_path(kind, key), json.dumps({**record, "key": key}, ensure_ascii=False, default=str))
+
     @staticmethod
     def _remove_stale_tmp(parent: Path) -> None:
         """Builders killed mid-way (SIGKILL, OOM) leave `tmp-<pid>-*` directories; remove those

@@ -20,12 +20,13 @@ from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from eval.scoring import ANSWER_METRICS, ScoreSettings, score
+from eval.scoring import ANSWER_METRICS, ScoreSettings, add_judge_scores, score
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache, atomic_write_text, make_key
 from rag.context import ContextBuilder
 from rag.documents import check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions
 from rag.generation import NoGenerator
+from rag.generation.answer_cache import dry_run_plan, format_plan, generate_resumable, prompt_inputs, usage_totals
 from rag.timing import StageTimer
 from rag.types import Chunk, Context, Document, Hits, QAItem, RagError
 
@@ -93,6 +94,7 @@ class Session:
     generator: Any
     eval_embedder: Any
     context_builder: ContextBuilder
+    judge: Any = None  # eval.judge.Judge when eval.judge.enabled
 
     @property
     def depth(self) -> int:
@@ -125,6 +127,7 @@ def open_session(cfg: DictConfig) -> Session:
     eval_embedder = build(cfg.eval.embedder)
     context_builder = ContextBuilder(**_container(cfg.context))
     check_objective(cfg.objective, settings, generator)
+    judge = build_judge(cfg.eval.get("judge"), generator)
 
     with timer.stage("corpus"):
         all_docs, skipped = load_corpus(corpus, cache)
@@ -148,10 +151,19 @@ def open_session(cfg: DictConfig) -> Session:
         retriever.warm_up()
         reranker.warm_up()
     session = Session(cfg, cache, timer, settings, qa, docs, len(all_docs), skipped, chunk_set, artifacts,
-                      retriever, reranker, generator, eval_embedder, context_builder)
+                      retriever, reranker, generator, eval_embedder, context_builder, judge)
     if session.depth > len(chunk_set):
         log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", session.depth, len(chunk_set))
     return session
+
+
+def build_judge(node: Any, generator: Any) -> Any:
+    """The LLM judge of `eval.judge` (eval/judge.py), or None when it is not enabled."""
+    if node is None or not node.get("enabled", False):
+        return None
+    if isinstance(generator, NoGenerator):
+        raise RagError("eval.judge.enabled=true judges answers, but llm=none generates none")
+    return build({k: v for k, v in _container(node).items() if k != "enabled"})
 
 
 def check_objective(objective: str, settings: ScoreSettings, generator: Any) -> None:
@@ -179,9 +191,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         hits, rerank_ms = rerank_timed(reranker, queries, fused, chunk_set.chunks, k)
 
     contexts = session.context_builder.build(hits, chunk_set)
-    answers, generate_ms, answers_hit = generate_cached(session.generator, queries, contexts, cache, timer)
-    if answers_hit is not None:
-        artifacts.record["answers"] = {"key": answers_hit[0], "hit": answers_hit[1]}
+    if getattr(session.generator, "dry_run", False):
+        return dry_run(session, queries, contexts, output_dir)
+    answers, generate_ms, gen_info = generate_cached(session.generator, queries, contexts, cache, timer)
+    if gen_info is not None:
+        artifacts.record["answers"] = {"key": gen_info["key"], "hit": gen_info["hit"]}
 
     with timer.stage("score"):
         # Reuse cached chunk vectors only if they were made by the evaluation embedder itself.
@@ -192,10 +206,14 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
             qa, hits, chunk_set.chunks, eval_embedder, settings, answers, chunk_vectors,
             context_texts=[[c.text for c in ctx] for ctx in contexts],
         )
+    judge_stats = run_judge(session, records, aggregates, answers, contexts) if session.judge is not None else None
+    details = (gen_info or {}).get("details")
     for q, rec in enumerate(records):
         rec["latency_ms"] = {"retrieve": round(float(retrieve_ms[q]), 3), "rerank": round(float(rerank_ms[q]), 3)}
         if generate_ms is not None:
             rec["latency_ms"]["generate"] = round(float(generate_ms[q]), 3)
+        if details is not None:  # token usage, finish reason, served model (llm=openai)
+            rec["generation"] = {**details[q], **({"from_earlier_run": True} if gen_info["hit"] else {})}
         rec["contexts"] = [{"label": c.label, "text": c.text} for c in contexts[q]]
 
     objective_name = cfg.objective
@@ -213,6 +231,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
             "skipped_inputs": len(session.skipped),
         },
         "latency": latency_summary(retrieve_ms, rerank_ms, generate_ms),
+        **usage_section(gen_info, judge_stats),
         "timings_s": timer.as_dict(),
         "artifacts": artifacts.record,
         "config": _container(cfg),
@@ -248,25 +267,37 @@ def rerank_timed(reranker: Any, queries: list[str], fused: Hits, chunks: list[Ch
     return out, ms
 
 
-def generate_cached(
-    generator: Any, queries: list[str], contexts: list[list[Context]], cache: ArtifactCache, timer: StageTimer
-) -> tuple[list[str] | None, np.ndarray | None, tuple[str, bool] | None]:
-    """Answers are cached under the generator's settings and the exact prompts' inputs, so a
-    sweep that changes nothing upstream of generation (e.g. eval thresholds) reuses them, and any
-    change in the contexts generates anew. Returns (answers, per-question ms, (key, hit))."""
-    if isinstance(generator, NoGenerator):
-        return None, None, None
+def answers_key(generator: Any, queries: list[str], contexts: list[list[Context]]) -> str:
     h = hashlib.sha256()
     for query, ctx in zip(queries, contexts):
-        h.update(json.dumps([query, [(c.label, c.text) for c in ctx]], ensure_ascii=False).encode())
-    key = make_key("answers", generator.id, {"inputs": h.hexdigest()})
+        h.update(prompt_inputs(query, ctx).encode())
+    return make_key("answers", generator.id, {"inputs": h.hexdigest()})
+
+
+def generate_cached(
+    generator: Any, queries: list[str], contexts: list[list[Context]], cache: ArtifactCache, timer: StageTimer
+) -> tuple[list[str] | None, np.ndarray | None, dict[str, Any] | None]:
+    """Answers are cached under the generator's settings and the exact prompts' inputs, so a
+    sweep that changes nothing upstream of generation (e.g. eval thresholds) reuses them, and any
+    change in the contexts generates anew. A resumable generator's answers are also recorded one
+    by one as they arrive (rag.generation.answer_cache), so a run that fails mid-way resumes.
+    Returns (answers, per-question ms, info: key, hit, requests sent, per-answer details)."""
+    if isinstance(generator, NoGenerator):
+        return None, None, None
+    key = answers_key(generator, queries, contexts)
 
     def build(tmp: Path) -> dict[str, Any]:
-        with timer.stage("load_models"):
-            generator.warm_up()
         t0 = time.perf_counter()
-        with timer.stage("generate"):
-            answers = generator.generate(queries, contexts)
+        details, counts = None, {}
+        if getattr(generator, "resumable", False):
+            details, counts = generate_resumable(generator, queries, contexts, cache, timer)
+            answers = [d.pop("answer") for d in details]
+        else:
+            with timer.stage("load_models"):
+                generator.warm_up()
+            t0 = time.perf_counter()
+            with timer.stage("generate"):
+                answers = generator.generate(queries, contexts)
         seconds = time.perf_counter() - t0
         if answers is None or len(answers) != len(queries):
             raise RagError(f"llm {type(generator).__name__} returned {0 if answers is None else len(answers)} answers for {len(queries)} questions")
@@ -274,13 +305,58 @@ def generate_cached(
         if empty:
             log.warning("llm returned %d empty answer(s); they are scored as empty strings", empty)
         # Generation runs in batches: each question is charged its batch's share of the time.
-        per_q = getattr(generator, "last_latencies_ms", None) or [1000.0 * seconds / len(queries)] * len(queries)
-        (tmp / "answers.json").write_text(json.dumps({"answers": answers, "latency_ms": list(per_q)}, ensure_ascii=False))
-        return {"n": len(answers), "empty": empty, "seconds": round(seconds, 3)}
+        if details is not None:  # requests: each its own wall time
+            per_q = [d.pop("latency_ms") for d in details]
+        else:
+            per_q = getattr(generator, "last_latencies_ms", None) or [1000.0 * seconds / len(queries)] * len(queries)
+        payload = {"answers": answers, "latency_ms": list(per_q), **({"details": details} if details is not None else {})}
+        (tmp / "answers.json").write_text(json.dumps(payload, ensure_ascii=False))
+        usage = {"usage": usage_totals(details)} if details is not None else {}
+        return {"n": len(answers), "empty": empty, "seconds": round(seconds, 3), **counts, **usage}
 
     art = cache.get_or_build("answers", key, build, inputs={"generator": generator.id})
     data = json.loads(art.file("answers.json").read_text())
-    return data["answers"], np.asarray(data["latency_ms"], float), (key, art.hit)
+    info = {"key": key, "hit": art.hit, "details": data.get("details"),
+            "requests": 0 if art.hit else int(art.manifest.get("requests", 0)),
+            "resumed": len(queries) if art.hit else int(art.manifest.get("resumed", 0))}
+    return data["answers"], np.asarray(data["latency_ms"], float), info
+
+
+def usage_section(gen_info: dict[str, Any] | None, judge_stats: dict[str, Any] | None) -> dict[str, Any]:
+    """metrics.json's `usage`: requests this run sent, answers taken from the cache, and the
+    tokens the answers cost when they were generated (llm=openai; and the judge's)."""
+    out: dict[str, Any] = {}
+    if gen_info is not None and gen_info.get("details") is not None:
+        out["generate"] = {"requests_sent": gen_info["requests"], "answers_from_cache": gen_info["resumed"],
+                           **usage_totals(gen_info["details"])}
+    if judge_stats is not None:
+        out["judge"] = judge_stats
+    return {"usage": out} if out else {}
+
+
+def run_judge(session: Session, records: list[dict[str, Any]], aggregates: dict[str, Any], answers: list[str],
+              contexts: list[list[Context]]) -> dict[str, Any]:
+    """eval.judge's metrics beside the others (eval/judge.py, eval.scoring.add_judge_scores)."""
+    from eval.judge import Item
+
+    items = [Item(q.question, a, q.answer, [c.text for c in ctx]) for q, a, ctx in zip(session.qa, answers, contexts)]
+    with session.timer.stage("judge"):
+        judged = session.judge.judge(items, session.cache)
+    add_judge_scores(records, aggregates, judged, session.settings)
+    return {**session.judge.describe(), **judged["stats"]}
+
+
+def dry_run(session: Session, queries: list[str], contexts: list[list[Context]], output_dir: Path) -> dict[str, Any]:
+    """`llm.dry_run=true`: what generating would send (requests, prompt tokens), written to
+    dry_run.json; no request is sent and no metrics are written."""
+    generator = session.generator
+    plan = dry_run_plan(generator, queries, contexts, session.cache, answers_key(generator, queries, contexts))
+    if session.judge is not None:
+        plan["judge"] = {**session.judge.describe(),
+                         "requests_at_most": len(queries) * len(session.judge.metrics) * session.judge.repeats}
+    output_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output_dir / "dry_run.json", json.dumps(plan, indent=2))
+    return {"dry_run": plan}
 
 
 def latency_summary(retrieve_ms: np.ndarray, rerank_ms: np.ndarray, generate_ms: np.ndarray | None) -> dict[str, float]:
@@ -314,8 +390,20 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
+def judged_note(o: dict[str, Any]) -> str:
+    """Beside a judge metric: how many questions went unmeasured, and the repeats' agreement."""
+    if "unmeasured" not in o:
+        return ""
+    note = f"  unmeasured {o['unmeasured']}/{o['n'] + o['unmeasured']} questions, {o['judgements_unmeasured']}/{o['judgements']} judgements"
+    if o.get("agreement") is not None:
+        note += f"; agreement {o['agreement']:.2f} (n={o['agreement_n']})"
+    return note
+
+
 def format_table(result: dict[str, Any]) -> str:
     """A short plain-text table of the run's metrics (overall and per question corpus)."""
+    if "dry_run" in result:
+        return format_plan(result["dry_run"])
     metrics = list(result["metrics"])
     corpora = list(result["by_corpus"])
     header = f"{'metric':<16}{'all':>22}" + "".join(f"{c:>12}" for c in corpora)
@@ -323,11 +411,12 @@ def format_table(result: dict[str, Any]) -> str:
              f"{result['counts']['documents']} documents, {result['counts']['chunks']} chunks", header]
     for m in metrics:
         o = result["metrics"][m]
-        cell = f"{o['mean']:.3f} [{o['ci95'][0]:.3f},{o['ci95'][1]:.3f}]"
+        cell = "unmeasured" if o["mean"] is None else f"{o['mean']:.3f} [{o['ci95'][0]:.3f},{o['ci95'][1]:.3f}]"
         per = "".join(
-            f"{result['by_corpus'][c][m]['mean']:>12.3f}" if m in result["by_corpus"][c] else f"{'-':>12}" for c in corpora
+            f"{result['by_corpus'][c][m]['mean']:>12.3f}" if result["by_corpus"][c].get(m, {}).get("mean") is not None
+            else f"{'-':>12}" for c in corpora
         )
-        lines.append(f"{m:<16}{cell:>22}{per}")
+        lines.append(f"{m:<16}{cell:>22}{per}" + judged_note(o))
     t = result["timings_s"]
     lines.append("stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()))
     return "\n".join(lines)
