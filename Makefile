@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup demo test test-slow test-crash test-distributed test-scale test-gpu test-all bench data clean
+.PHONY: setup demo test test-slow test-crash test-distributed test-scale test-gpu test-server test-all bench data clean
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -56,8 +56,14 @@ test-gpu: setup
 	$(PIP) install --quiet -e ".[gpu]"
 	$(PYTHON) -m pytest -q -s -m gpu
 
+# llm=openai and eval.judge against a real OpenAI-compatible server (`transformers serve` on
+# 127.0.0.1, serving the packaged SmolLM2); installs the serving extra (a few minutes on 2 cores).
+test-server: setup
+	$(PIP) install --quiet -e ".[serving]"
+	$(PYTHON) -m pytest -q -m server
+
 test-all: setup
-	$(PYTHON) -m pytest -q -m "slow or scale or distributed or crash or not slow"
+	$(PYTHON) -m pytest -q -m "slow or scale or distributed or crash or server or not slow"
 
 # Renders/extracts the local corpora (man pages, torch docstrings) into the cache and exports
 # them as JSONL under data/corpora/, so a first run does not pay for it.

@@ -32,8 +32,9 @@ class ScriptedEndpoint:
     `models` is the id list of GET .../models (None: 404). Every request is recorded."""
 
     def __init__(self, chat: Callable[[dict[str, Any], int], Reply] = echo, models: list[str] | None = None,
-                 delay_s: float = 0.0):
+                 delay_s: float = 0.0, hang_up: bool = False):
         self.chat, self.models, self.delay_s = chat, models, delay_s
+        self.hang_up = hang_up  # close every connection after replying, without saying so (as some servers do)
         self.requests: list[dict[str, Any]] = []
         self.in_flight = self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -75,6 +76,7 @@ class ScriptedEndpoint:
                         self._reply(404, {}, {"detail": "Not Found"})
                         return
                     self._reply(*outer.chat(body, n))
+                    self.close_connection = outer.hang_up
                 finally:
                     with outer._lock:
                         outer.in_flight -= 1

@@ -171,3 +171,10 @@ def test_connections_are_reused_per_thread():
             ep.chat(MSG, {})
         conns = {threading.get_ident(): ep._local.conn}
     assert conns and all(c is not None and c.sock is not None for c in conns.values())
+
+
+def test_a_connection_the_server_closed_is_replaced_without_costing_an_attempt():
+    with ScriptedEndpoint(hang_up=True) as srv:
+        ep = endpoint(srv.base_url, max_retries=0)
+        done = [ep.chat(MSG, {}) for _ in range(3)]
+    assert [d.attempts for d in done] == [1, 1, 1] and len(srv.chat_requests) == 3

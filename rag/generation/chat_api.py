@@ -34,6 +34,7 @@ from rag.types import RagError
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+STALE_ERRORS = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 MAX_RETRY_AFTER_S = 120.0  # a server asking for longer is treated as down rather than waited for
 TRANSIENT_ERRORS = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError,
@@ -135,7 +136,7 @@ class ChatEndpoint:
 
     def _drop_connection(self) -> None:
         conn = getattr(self._local, "conn", None)
-        self._local.conn = None
+        self._local.conn, self._local.used = None, False
         if conn is not None:
             conn.close()
 
@@ -147,17 +148,28 @@ class ChatEndpoint:
             headers["Content-Type"] = "application/json"
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        conn = self._connection()
-        try:
-            conn.request(method, self._prefix + path, body=body, headers=headers)
-            resp = conn.getresponse()
-            text = resp.read().decode("utf-8", errors="replace")
-        except BaseException:
-            self._drop_connection()  # a half-used connection cannot carry the next request
-            raise
-        if resp.getheader("Connection", "").lower() == "close":
-            self._drop_connection()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, text
+        for fresh in (False, True):
+            reused = getattr(self._local, "used", False) and getattr(self._local, "conn", None) is not None
+            conn = self._connection()
+            try:
+                conn.request(method, self._prefix + path, body=body, headers=headers)
+                resp = conn.getresponse()
+                text = resp.read().decode("utf-8", errors="replace")
+            except STALE_ERRORS:
+                self._drop_connection()
+                # A kept-alive connection the server has closed in the meantime fails at once,
+                # before any response: that is no failed attempt, just a new connection.
+                if reused and not fresh:
+                    continue
+                raise
+            except BaseException:
+                self._drop_connection()  # a half-used connection cannot carry the next request
+                raise
+            self._local.used = True
+            if resp.getheader("Connection", "").lower() == "close":
+                self._drop_connection()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, text
+        raise AssertionError("unreachable")
 
     def url(self, path: str) -> str:
         return self.base_url + path
