@@ -27,11 +27,13 @@ FAMILIES = {
     "scale": "experiments.benchmarks.scale:bench_scale",
     "ray_encoding": "experiments.benchmarks.ray_encoding:bench_ray_encoding",  # skips, with its reason, without ray
     "generation": "experiments.benchmarks.generation:bench_generation",
+    "serving": "experiments.benchmarks.serving:bench_serving",  # skips, with its reason, without the serving extra
 }
 # Families a plain (quick) run leaves out, because the quick run must stay under 30 minutes on 2
 # cores: ray_encoding needs an optional extra and starts a cluster; generation loads the LLM on
-# every device it compares. --full or --only runs them.
-OPT_IN = {"ray_encoding", "generation"}
+# every device it compares; serving starts servers and generates 36 answers five times. --full
+# or --only runs them.
+OPT_IN = {"ray_encoding", "generation", "serving"}
 
 
 class _Registry(Mapping[str, Callable[..., dict[str, Any]]]):
