@@ -194,7 +194,7 @@ def add_judge_scores(records: list[dict[str, Any]], aggregates: dict[str, Any], 
     `judge`; per aggregate mean, CI and n over the measured questions, with `unmeasured` (questions
     without any measured judgement) and `judgements_unmeasured` (of `judgements` asked) beside
     them, and agreement of the repeats. Returns the metric names added."""
-    from eval.judge import RUBRICS, agreement, fleiss_kappa, question_score
+    from eval.judge import question_score
 
     names = []
     for metric in judged["metrics"]:
@@ -203,21 +203,23 @@ def add_judge_scores(records: list[dict[str, Any]], aggregates: dict[str, Any], 
         for rec, slots in zip(records, judged["per_question"]):
             rec.setdefault("judge", {})[metric] = slots[metric]
             rec[name] = question_score(slots[metric])
-
-        def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
-            slots = [r["judge"][metric] for r in recs]
-            errors = [e for s in slots for e in s["errors"] if e]
-            out = _mean_ci([r[name] for r in recs if r[name] is not None], settings) or {
-                "mean": None, "ci95": [None, None], "n": 0}
-            out.update(unmeasured=sum(r[name] is None for r in recs), judgements=sum(len(s["scores"]) for s in slots),
-                       judgements_unmeasured=len(errors),
-                       unmeasured_causes={c: sum(e.startswith(c) for e in errors) for c in ("unparseable", "request failed")})
-            if judged["repeats"] > 1:
-                out["agreement"], out["agreement_n"] = agreement(slots)
-                out["fleiss_kappa"], out["fleiss_kappa_n"] = fleiss_kappa(slots, list(RUBRICS[metric].verdicts))
-            return out
-
-        aggregates["overall"][name] = summarize(records)
+        aggregates["overall"][name] = _judge_summary(records, metric, judged["repeats"], settings)
         for corpus, recs in _by_corpus(records).items():
-            aggregates["by_corpus"].setdefault(corpus, {})[name] = summarize(recs)
+            aggregates["by_corpus"].setdefault(corpus, {})[name] = _judge_summary(recs, metric, judged["repeats"], settings)
     return names
+
+
+def _judge_summary(records: list[dict[str, Any]], metric: str, repeats: int, settings: ScoreSettings) -> dict[str, Any]:
+    from eval.judge import RUBRICS, agreement, fleiss_kappa
+
+    name = f"judge_{metric}"
+    slots = [r["judge"][metric] for r in records]
+    errors = [e for s in slots for e in s["errors"] if e]
+    out = _mean_ci([r[name] for r in records if r[name] is not None], settings) or {"mean": None, "ci95": [None, None], "n": 0}
+    out.update(unmeasured=sum(r[name] is None for r in records), judgements=sum(len(s["scores"]) for s in slots),
+               judgements_unmeasured=len(errors),
+               unmeasured_causes={c: sum(e.startswith(c) for e in errors) for c in ("unparseable", "request failed")})
+    if repeats > 1:
+        out["agreement"], out["agreement_n"] = agreement(slots)
+        out["fleiss_kappa"], out["fleiss_kappa_n"] = fleiss_kappa(slots, list(RUBRICS[metric].verdicts))
+    return out

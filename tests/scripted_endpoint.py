@@ -55,13 +55,13 @@ class ScriptedEndpoint:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if self.path.endswith("/models") and outer.models is not None:
                     self._reply(200, {}, {"object": "list", "data": [{"id": m} for m in outer.models]})
                 else:
                     self._reply(404, {}, {"detail": "Not Found"})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with outer._lock:
                     n = len(outer.requests)

@@ -36,14 +36,14 @@ def test_a_completion_carries_text_usage_and_model():
 
 @pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
 def test_transient_statuses_are_retried(status):
-    script = lambda r, n: (status, {}, {"error": {"message": "busy"}}) if n < 2 else (200, {}, completion("ok"))  # noqa: E731
+    script = lambda r, n: (status, {}, {"error": {"message": "busy"}}) if n < 2 else (200, {}, completion("ok"))
     with ScriptedEndpoint(script) as srv:
         done = endpoint(srv.base_url).chat(MSG, {})
     assert done.text == "ok" and done.attempts == 3 and len(srv.chat_requests) == 3
 
 
 def test_retry_after_is_honoured():
-    script = lambda r, n: (429, {"Retry-After": "0.6"}, {"error": "slow down"}) if n == 0 else (200, {}, completion("ok"))  # noqa: E731
+    script = lambda r, n: (429, {"Retry-After": "0.6"}, {"error": "slow down"}) if n == 0 else (200, {}, completion("ok"))
     with ScriptedEndpoint(script) as srv:
         endpoint(srv.base_url, backoff_s=0.001).chat(MSG, {})
     gap = srv.chat_requests[1]["t"] - srv.chat_requests[0]["t"]
@@ -140,7 +140,7 @@ def test_concurrency_is_bounded_and_results_come_back_indexed():
 
 
 def test_a_fatal_error_stops_the_queue_and_keeps_what_arrived():
-    script = lambda r, n: (401, {}, "no") if n == 2 else (200, {}, completion("ok"))  # noqa: E731
+    script = lambda r, n: (401, {}, "no") if n == 2 else (200, {}, completion("ok"))
     with ScriptedEndpoint(script, delay_s=0.05) as srv:
         ep = endpoint(srv.base_url)
         got = []

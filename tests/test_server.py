@@ -132,7 +132,7 @@ def test_real_server_errors_are_one_line(server, model):
 
 def test_a_server_killed_mid_run_fails_the_run_in_one_line_and_the_rerun_resumes(reference, model, data, root):
     cache, out = root / "cache-kill", root / "kill"
-    cmd = lambda url: [sys.executable, str(PROJECT_ROOT / "run.py"), *served(  # noqa: E731
+    cmd = lambda url: [sys.executable, str(PROJECT_ROOT / "run.py"), *served(
         data, cache, url, model["folder"], "llm.concurrency=1", f"hydra.run.dir={out}")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     first = TransformersServer(model["folder"], log_path=root / "kill-1.log").start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +23,16 @@ from typing import Any
 
 from rag.generation.llm import servable_folder
 from rag.types import RagError
+
+
+def _transformers_cli() -> list[str]:
+    """The `transformers` command of this interpreter's environment (its module path has moved
+    between releases; the console script has not)."""
+    script = Path(sys.executable).parent / "transformers"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("transformers")
+    return [found] if found else [sys.executable, "-m", "transformers.cli.transformers"]
 
 
 def free_port() -> int:
@@ -51,8 +62,8 @@ class TransformersServer:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         if self.threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
-        cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", self.folder, "--host", "127.0.0.1",
-               "--port", str(self.port), "--device", "cpu", "--log-level", "info", *self.extra_args]
+        cmd = [*_transformers_cli(), "serve", self.folder, "--host", "127.0.0.1", "--port", str(self.port),
+               "--device", "cpu", "--log-level", "info", *self.extra_args]
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
