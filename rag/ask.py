@@ -26,7 +26,7 @@ from rag.types import RagError
 
 def answer(session: Any, question: str, corpus: str | None = None) -> dict[str, Any]:
     """One question through retrieve -> rerank -> contexts -> generate, timed per stage."""
-    filters = session.retriever.filters_for([corpus])
+    filters = session.retriever.filters_for([corpus], [question])  # mode=router routes the text, not --corpus
     fused, retrieve_ms = session.retriever.search_timed([question], session.depth, filters)
     t0 = time.perf_counter()
     hits = session.reranker.rerank([question], fused, session.chunk_set.chunks, session.settings.k)

@@ -20,12 +20,15 @@ from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from eval.scoring import ANSWER_METRICS, ScoreSettings, score
+from eval.labels import LABEL_METRICS
+from eval.scoring import ANSWER_METRICS, SIMILARITY_METRICS, ScoreSettings, score
+from eval.trec import format_qrels, format_run
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache, atomic_write_text, make_key
 from rag.context import ContextBuilder
 from rag.documents import check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions
 from rag.generation import NoGenerator
+from rag.routing import routing_report
 from rag.timing import StageTimer
 from rag.types import Chunk, Context, Document, Hits, QAItem, RagError
 
@@ -131,6 +134,7 @@ def open_session(cfg: DictConfig) -> Session:
         all_qa = questions.load()
         check_questions(all_qa, all_docs)
         qa = slice_questions(all_qa, cfg.slice.questions_per_corpus, cfg.slice.seed)
+        check_objective_applies(cfg.objective, qa)
         docs = slice_documents(all_docs, qa, cfg.slice.docs_per_source, cfg.slice.seed)
         check_document_sizes(docs, cfg.max_doc_chars)
 
@@ -161,6 +165,17 @@ def check_objective(objective: str, settings: ScoreSettings, generator: Any) -> 
         raise RagError(f"objective {objective!r} needs generated answers, but llm=none")
 
 
+def check_objective_applies(objective: str, qa: list[QAItem]) -> None:
+    """A question set without answers (BEIR), sources or labels cannot score the metrics that
+    need them; an objective among those would come back empty after all the work."""
+    needs = {m: ("a ground-truth answer", lambda q: q.answer is not None) for m in SIMILARITY_METRICS + ANSWER_METRICS}
+    needs.update({m: ("a source document", lambda q: q.source is not None) for m in ("hit_at_k_id", "mrr_id")})
+    needs.update({m: ("a positive relevance label", lambda q: any(r.grade > 0 for r in q.labels)) for m in LABEL_METRICS})
+    if objective in needs and not any(needs[objective][1](q) for q in qa):
+        raise RagError(f"objective {objective!r} needs questions with {needs[objective][0]}, and no question has one; "
+                       "choose another objective (e.g. objective=ndcg_at_k)")
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     """Runs the pipeline described by `cfg` and writes results into `output_dir`.
     Returns the metrics document (also written as metrics.json)."""
@@ -171,7 +186,12 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     eval_embedder = session.eval_embedder
     k = settings.k
     queries = [q.question for q in qa]
-    filters = retriever.filters_for([q.corpus for q in qa])
+    route_ms = None
+    if retriever.routes:
+        with timer.stage("route"):
+            filters, route_ms = retriever.route(queries)
+    else:
+        filters = retriever.filters_for([q.corpus for q in qa])
 
     with timer.stage("retrieve"):
         fused, retrieve_ms = retriever.search_timed(queries, session.depth, filters)
@@ -196,6 +216,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         rec["latency_ms"] = {"retrieve": round(float(retrieve_ms[q]), 3), "rerank": round(float(rerank_ms[q]), 3)}
         if generate_ms is not None:
             rec["latency_ms"]["generate"] = round(float(generate_ms[q]), 3)
+        if route_ms is not None:
+            rec["latency_ms"]["route"] = round(float(route_ms[q]), 3)
+            rec["routed"] = sorted(filters[q])
         rec["contexts"] = [{"label": c.label, "text": c.text} for c in contexts[q]]
 
     objective_name = cfg.objective
@@ -212,13 +235,25 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
             "questions": len(qa),
             "skipped_inputs": len(session.skipped),
         },
-        "latency": latency_summary(retrieve_ms, rerank_ms, generate_ms),
+        "latency": latency_summary(retrieve_ms, rerank_ms, generate_ms, route_ms),
         "timings_s": timer.as_dict(),
         "artifacts": artifacts.record,
         "config": _container(cfg),
     }
-    write_results(output_dir, result, records)
+    if route_ms is not None:
+        result["routing"] = {"method": retriever.router.method,
+                             **routing_report(filters, [q.corpus for q in qa], retriever.source_filter.get("groups"))}
+    write_results(output_dir, result, records, trec_files(result["variant"], records, qa))
     return result
+
+
+def trec_files(tag: str, records: list[dict[str, Any]], qa: list[QAItem]) -> dict[str, str]:
+    """run.trec and qrels.trec (eval.trec), or none when an id cannot be written in that format."""
+    try:
+        return {"run.trec": format_run(records, tag), "qrels.trec": format_qrels(qa)}
+    except RagError as e:
+        log.warning("no TREC run file: %s", e)
+        return {}
 
 
 def check_document_sizes(docs: list[Document], max_chars: int | None) -> None:
@@ -283,11 +318,13 @@ def generate_cached(
     return data["answers"], np.asarray(data["latency_ms"], float), (key, art.hit)
 
 
-def latency_summary(retrieve_ms: np.ndarray, rerank_ms: np.ndarray, generate_ms: np.ndarray | None) -> dict[str, float]:
+def latency_summary(
+    retrieve_ms: np.ndarray, rerank_ms: np.ndarray, generate_ms: np.ndarray | None, route_ms: np.ndarray | None = None
+) -> dict[str, float]:
     """Median and 95th percentile per question and stage, in milliseconds."""
     out: dict[str, float] = {}
-    stages = {"retrieve": retrieve_ms, "rerank": rerank_ms, "generate": generate_ms}
-    total = retrieve_ms + rerank_ms + (generate_ms if generate_ms is not None else 0.0)
+    stages = {"route": route_ms, "retrieve": retrieve_ms, "rerank": rerank_ms, "generate": generate_ms}
+    total = retrieve_ms + rerank_ms + sum(ms for ms in (generate_ms, route_ms) if ms is not None)
     for name, ms in {**stages, "total": total}.items():
         if ms is None or len(ms) == 0:
             continue
@@ -296,10 +333,14 @@ def latency_summary(retrieve_ms: np.ndarray, rerank_ms: np.ndarray, generate_ms:
     return out
 
 
-def write_results(output_dir: Path, result: dict[str, Any], records: list[dict[str, Any]]) -> None:
+def write_results(
+    output_dir: Path, result: dict[str, Any], records: list[dict[str, Any]], extra: dict[str, str] | None = None
+) -> None:
     """Results are written whole or not at all (temporary file, then rename); metrics.json goes
-    last, so its presence marks a finished run."""
+    last, so its presence marks a finished run. `extra`: more files (name -> text)."""
     output_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in (extra or {}).items():
+        atomic_write_text(output_dir / name, text)
     atomic_write_text(
         output_dir / "per_question.jsonl",
         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),

@@ -23,6 +23,7 @@ from rag.bm25 import BM25Index
 from rag.embedding import SentenceTransformerEmbedder
 from rag.fusion import Fusion
 from rag.index import VectorIndex
+from rag.routing import Router
 from rag.types import Hits, RagError
 
 SourceFilter = frozenset[str] | None
@@ -39,16 +40,58 @@ class Retriever:
     def __init__(self, source_filter: Any = None) -> None:
         self._artifacts: Artifacts | None = None
         self.source_filter = dict(source_filter or {})
+        self.router: Router | None = None
+        if self.routes:
+            self.router = Router(self.source_filter.get("groups"), **dict(self.source_filter.get("router") or {}))
         # Fail at construction, before any expensive stage, on a bad filter config.
         self.filters_for([])
 
-    def filters_for(self, question_corpora: list[str | None]) -> list[SourceFilter]:
+    @property
+    def routes(self) -> bool:
+        """Whether questions are routed to a source group by `rag.routing.Router`."""
+        return self.source_filter.get("mode") == "router"
+
+    def filters_for(self, question_corpora: list[str | None], queries: list[str] | None = None) -> list[SourceFilter]:
+        """Per-question source filters: from the corpus tags, or (mode=router) from the queries."""
+        if self.routes:
+            if not question_corpora:
+                return []
+            if queries is None or len(queries) != len(question_corpora):
+                raise ValueError("mode=router routes from the question texts: pass one query per question")
+            return self.route(queries)[0]
         f = self.source_filter
         return source_filters(f.get("mode"), f.get("groups"), f.get("sources"), question_corpora)
+
+    def route(self, queries: list[str]) -> tuple[list[SourceFilter], np.ndarray]:
+        """mode=router: each query's routed group, one query at a time as a served system would
+        route, and each routing's latency in milliseconds (query encoding included)."""
+        dense = self._dense_part()
+        if self.router is None or dense is None or not self.router.groups:
+            raise RuntimeError(f"{type(self).__name__}.route needs mode=router and prepare()")
+        out: list[SourceFilter] = []
+        ms = np.zeros(len(queries))
+        dense.routed_vectors.clear()
+        for q, query in enumerate(queries):
+            t0 = time.perf_counter()
+            vec = dense.embedder.encode_queries([query])
+            out.extend(self.router.route(vec))
+            ms[q] = 1000.0 * (time.perf_counter() - t0)
+            # A served system encodes a question once for routing and search: so does this one.
+            dense.routed_vectors[query] = vec[0]
+        return out, ms
+
+    def _dense_part(self) -> "DenseRetriever | None":
+        """The dense retriever whose embedder's space the router works in (None: cannot route)."""
+        return None
 
     def prepare(self, artifacts: Artifacts) -> "Retriever":
         self._artifacts = artifacts
         self._prepare(artifacts)
+        if self.router is not None:
+            embedder = self._dense_part().embedder
+            vectors = artifacts.vectors(embedder)
+            with artifacts.timer.stage("route_fit"):
+                self.router.fit(vectors, artifacts.chunk_set.sources, key=artifacts.vectors_key(embedder))
         return self
 
     def _prepare(self, artifacts: Artifacts) -> None:
@@ -118,10 +161,14 @@ class DenseRetriever(Retriever):
         super().__init__(source_filter)
         self.embedder, self.index = embedder, index
         self._index_key: str | None = None
+        self.routed_vectors: dict[str, np.ndarray] = {}  # query -> vector the router just encoded
 
     def _prepare(self, artifacts: Artifacts) -> None:
         artifacts.vector_index(self.embedder, self.index)
         self._index_key = artifacts.record["index"]["key"]
+
+    def _dense_part(self) -> "DenseRetriever | None":
+        return self
 
     def warm_up(self) -> None:
         self.embedder.encode_queries(["warm-up"])
@@ -133,7 +180,10 @@ class DenseRetriever(Retriever):
         return ("dense", self._index_key, self.embedder.query_prefix, knobs)
 
     def _search(self, queries: list[str], n: int, allowed: np.ndarray | None) -> Hits:
-        return self.index.search(self.embedder.encode_queries(queries), n, allowed)
+        vecs = [self.routed_vectors.pop(q, None) for q in queries]
+        if any(v is None for v in vecs):
+            return self.index.search(self.embedder.encode_queries(queries), n, allowed)
+        return self.index.search(np.stack(vecs), n, allowed)
 
 
 class BM25Retriever(Retriever):
@@ -147,6 +197,9 @@ class BM25Retriever(Retriever):
         source_filter: Any = None,
     ):
         super().__init__(source_filter)
+        if self.routes:
+            raise RagError("retriever.source_filter.mode=router routes in the dense embedder's space: "
+                           "use retriever=dense or retriever=hybrid")
         self.bm25 = BM25Index(backend=backend, k1=k1, b=b, stopwords=stopwords, stem=stem)
         self._key: str | None = None
 
@@ -184,6 +237,9 @@ class HybridRetriever(Retriever):
         self.dense.prepare(artifacts)
         self.lexical.prepare(artifacts)
 
+    def _dense_part(self) -> "DenseRetriever | None":
+        return self.dense
+
     def warm_up(self) -> None:
         self.dense.warm_up()
         self.lexical.warm_up()
@@ -206,9 +262,11 @@ def source_filters(mode: str | None, groups: Any, sources: Any, question_corpora
 
     - mode None/"none": no filtering.
     - "fixed": every question sees only `sources`.
-    - "question": a question tagged with corpus c sees the sources of the group that contains c
-      (e.g. PubMed questions search PubMed, libc/PyTorch questions search the technical docs);
-      an untagged question is not filtered.
+    - "question" (alias "oracle"): a question tagged with corpus c sees the sources of the group
+      that contains c (e.g. PubMed questions search PubMed, libc/PyTorch questions search the
+      technical docs); an untagged question is not filtered. The tag is the question's own
+      ground truth, which no deployed system has: this is the oracle ablation of "router".
+    - "router": routed from the question text (`Retriever.route`), not decided here.
     """
     if mode in (None, "none"):
         return [None] * len(question_corpora)
@@ -217,10 +275,12 @@ def source_filters(mode: str | None, groups: Any, sources: Any, question_corpora
             raise RagError("retriever.source_filter.sources must list at least one source when mode=fixed")
         f = frozenset(sources)
         return [f] * len(question_corpora)
+    if mode == "oracle":
+        mode = "question"
     if mode == "question":
         group_of: dict[str, frozenset[str]] = {}
         for g in groups or []:
             for s in g:
                 group_of[s] = frozenset(g)
         return [None if c is None else group_of.get(c, frozenset([c])) for c in question_corpora]
-    raise RagError(f"retriever.source_filter.mode must be none, fixed or question, got {mode!r}")
+    raise RagError(f"retriever.source_filter.mode must be none, fixed, question (oracle) or router, got {mode!r}")

@@ -94,7 +94,7 @@ CASES = [
     Case("objective not a metric", overrides("objective=ndcg"), "objective 'ndcg' is not among the reported metrics"),
     Case("missing embedder path", overrides("embedder.model=/no/such/model"), "embedder model '/no/such/model': path /no/such/model does not exist"),
     Case("missing embedder package", overrides("embedder.model=package:no_such_model_pkg"), "package 'no_such_model_pkg' is not installed"),
-    Case("bad source filter mode", overrides("retriever.source_filter.mode=sometimes"), "retriever.source_filter.mode must be none, fixed or question"),
+    Case("bad source filter mode", overrides("retriever.source_filter.mode=sometimes"), "retriever.source_filter.mode must be none, fixed"),
     Case("unknown bm25 backend", overrides("retriever=bm25", "retriever.backend=lucene"), "backend must be one of"),
     Case("zero HNSW M", overrides("index=hnsw", "index.M=0"), "index.M must be positive, got 0"),
     Case("rrf k negative", overrides("fusion=rrf", "fusion.k=-1"), "fusion.k must be >= 0, got -1"),
@@ -113,6 +113,14 @@ CASES = [
     Case("duplicate question ids", qa_file(lambda t: _qa_with(t, qa_rows() + [qa_rows()[0]])), "duplicate question id 'q1'"),
     Case("empty question set", qa_file(lambda t: write_lines(t / "q.jsonl", [])), "q.jsonl: file is empty"),
     Case("missing question file", overrides("qa.path=/no/such/questions.jsonl"), "/no/such/questions.jsonl: file not found"),
+    Case("label naming no document", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "q?", "answer": "a", "relevant": [{"doc": "man:nothing.2"}]}])), "question 'x' labels document 'man:nothing.2', which is not a document of the corpus"),
+    Case("label span past the text", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "q?", "relevant": [{"doc": "man:pipe.2", "span": [10, 99999]}]}])), "question 'x' labels span [10, 99999] of 'man:pipe.2', past the end of its text"),
+    Case("label span reversed", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "q?", "relevant": [{"doc": "man:pipe.2", "span": [20, 10]}]}])), "q.jsonl:1: relevant[0]: 'span' must be [start, end] character offsets with 0 <= start < end, got [20, 10]"),
+    Case("label grade not an integer", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "q?", "relevant": [{"doc": "man:pipe.2", "grade": "high"}]}])), "q.jsonl:1: relevant[0]: 'grade' must be a non-negative integer, got 'high'"),
+    Case("objective needs labels", lambda f, t: [f"qa.path={_qa_with(t, [{'id': 'x', 'question': 'q?', 'answer': 'a'}])}", "objective=ndcg_at_k"], "objective 'ndcg_at_k' needs questions with a positive relevance label"),
+    Case("objective needs answers (BEIR-like set)", lambda f, t: [f"qa.path={_qa_with(t, [{'id': 'x', 'question': 'q?', 'relevant': [{'doc': 'man:pipe.2'}]}])}"], "objective 'mrr' needs questions with a ground-truth answer"),
+    Case("router with BM25 alone", overrides("retriever=bm25", "retriever.source_filter.mode=router"), "mode=router routes in the dense embedder's space"),
+    Case("unknown router method", overrides("+version=v2", "retriever.source_filter.router.method=knn"), "router.method must be one of ['centroid', 'logistic'], got 'knn'"),
     Case("document over the size limit", overrides("max_doc_chars=100"), "characters, over max_doc_chars (100)"),
 ]
 
