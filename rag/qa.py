@@ -7,18 +7,41 @@ order) and `fingerprint()`, like the corpora.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rag.corpus.base import as_path, file_fingerprint, iter_jsonl, string_field
 from rag.corpus.beir import BeirQuestions
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
 from rag.corpus.pubmedqa import document_text, load_pubmedqa
+from rag.documents import slice_questions
 from rag.types import QAItem, RagError, Relevance
 
 __all__ = ["BeirQuestions", "JsonlQuestions", "MixedQuestions", "PubMedQAQuestions", "parse_relevant"]
 
 PUBMEDQA_LABELS = ("conclusion", "abstract")
+
+SLICE_KEYS = ("questions_per_corpus", "seed")
+
+
+def _slice_setting(exclude_slice: Mapping[str, Any] | None) -> dict[str, int] | None:
+    if exclude_slice is None:
+        return None
+    if not isinstance(exclude_slice, Mapping) or set(exclude_slice) != set(SLICE_KEYS):
+        raise RagError(
+            f"PubMedQAQuestions: exclude_slice must be a mapping with exactly the keys {list(SLICE_KEYS)}, "
+            f"got {dict(exclude_slice) if isinstance(exclude_slice, Mapping) else exclude_slice!r}"
+        )
+    out = {}
+    for key in SLICE_KEYS:
+        value = exclude_slice[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise RagError(f"PubMedQAQuestions: exclude_slice.{key} must be an integer, got {value!r}")
+        out[key] = value
+    if out["questions_per_corpus"] <= 0:
+        raise RagError(f"PubMedQAQuestions: exclude_slice.questions_per_corpus must be positive, "
+                       f"got {out['questions_per_corpus']}")
+    return out
 
 
 class PubMedQAQuestions:
@@ -27,16 +50,29 @@ class PubMedQAQuestions:
 
     `label` says what is relevant: "conclusion" (default) labels the conclusion's exact character
     span in that document, so only chunks holding part of the answer count; "abstract" labels the
-    whole document (any of its chunks counts), like the by-source-id metrics."""
+    whole document (any of its chunks counts), like the by-source-id metrics.
 
-    def __init__(self, path: str | os.PathLike[str], label: str = "conclusion") -> None:
+    `exclude_slice` ({questions_per_corpus, seed}) leaves out the questions that a run's question
+    slice with those settings would pick from the full set: with the default run's settings this
+    is the held-out remainder, disjoint from the PubMed questions the dev runs see (qa=heldout).
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], exclude_slice: Mapping[str, Any] | None = None, label: str = "conclusion"
+    ) -> None:
         if label not in PUBMEDQA_LABELS:
             raise RagError(f"qa.label must be one of {list(PUBMEDQA_LABELS)}, got {label!r}")
         self.path = as_path(path)
+        self.exclude_slice = _slice_setting(exclude_slice)
         self.label = label
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"class": type(self).__name__, "label": self.label, "inputs": file_fingerprint(self.path)}
+        fp: dict[str, Any] = {"class": type(self).__name__, "inputs": file_fingerprint(self.path)}
+        if self.exclude_slice is not None:  # absent otherwise, so existing fingerprints stay as they were
+            fp["exclude_slice"] = self.exclude_slice
+        if self.label != "conclusion":
+            fp["label"] = self.label
+        return fp
 
     def load(self) -> list[QAItem]:
         items = []
@@ -52,7 +88,11 @@ class PubMedQAQuestions:
                     relevant=(Relevance(f"pmid:{pmid}", 1, span),),
                 )
             )
-        return items
+        if self.exclude_slice is None:
+            return items
+        # Every item carries the same corpus tag, so this is exactly the run slice's pick of them.
+        dev = {q.id for q in slice_questions(items, self.exclude_slice["questions_per_corpus"], self.exclude_slice["seed"])}
+        return [q for q in items if q.id not in dev]
 
 
 def parse_relevant(value: Any, where: str) -> tuple[Relevance, ...]:
