@@ -375,7 +375,7 @@ def format_table(result: dict[str, Any]) -> str:
     """A short plain-text table of the run's metrics (overall and per question corpus)."""
     metrics = list(result["metrics"])
     corpora = list(result["by_corpus"])
-    header = f"{'metric':<16}{'all':>22}" + "".join(f"{c:>12}" for c in corpora)
+    header = f"{'metric':<18}{'all':>22}" + "".join(f"{c:>12}" for c in corpora)
     lines = [f"variant {result['variant']}: {result['counts']['questions']} questions, "
              f"{result['counts']['documents']} documents, {result['counts']['chunks']} chunks", header]
     for m in metrics:
@@ -384,7 +384,7 @@ def format_table(result: dict[str, Any]) -> str:
         per = "".join(
             f"{result['by_corpus'][c][m]['mean']:>12.3f}" if m in result["by_corpus"][c] else f"{'-':>12}" for c in corpora
         )
-        lines.append(f"{m:<16}{cell:>22}{per}")
+        lines.append(f"{m:<18}{cell:>22}{per}")
     t = result["timings_s"]
     lines.append("stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()))
     return "\n".join(lines)
