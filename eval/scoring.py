@@ -22,10 +22,15 @@ _MEMO_SIZE = 50_000  # texts; ~1.5 KB each for a 384-d model
 _memo: "OrderedDict[tuple[str, str], np.ndarray]" = OrderedDict()
 
 
+def clear_memo() -> None:
+    _memo.clear()
+
+
 def encode_memoized(embedder: Any, texts: list[str]) -> np.ndarray:
     """The evaluation embedder's vectors, memoized per text within the process: the jobs of an
-    in-process sweep score the same ground truths and mostly the same chunks, and re-encoding
-    them was the floor of every job's cost."""
+    in-process sweep score the same ground truths, mostly the same chunks, and (when only
+    retrieval settings downstream of the contexts change) the same answers and contexts, and
+    re-encoding them was the floor of every job's cost."""
     model_key = json.dumps(embedder.id, sort_keys=True, default=str)
     missing = list(dict.fromkeys(t for t in texts if (model_key, t) not in _memo))
     if missing:
@@ -114,8 +119,8 @@ def score(
         context_texts = [[chunks[r].text for r in ids[q] if r >= 0] for q in range(n_q)]
     contexts = [settings.context_separator.join(texts) for texts in context_texts]
     if answers is not None:
-        e_answer = eval_embedder.encode(answers, show_progress=False)
-        e_context = eval_embedder.encode(contexts, show_progress=False)
+        e_answer = encode_memoized(eval_embedder, answers)
+        e_context = encode_memoized(eval_embedder, contexts)
         values["answer_gt"] = M.answer_gt_similarity(e_answer, e_truth)
         values["grounding"] = M.grounding(e_answer, e_context)
         values["hallucination"] = M.hallucination(values["answer_gt"], values["grounding"], settings.tau_h)

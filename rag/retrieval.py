@@ -4,11 +4,12 @@ A retriever is built by Hydra from `conf/retriever/*.yaml`, then `prepare(artifa
 loads what it searches (through the artifact cache), then `search(queries, n, filters)` returns
 `Hits` over chunk rows. `filters[q]` is the set of source tags question q may see, or None.
 
-`search_timed` answers one question at a time, as a served system would, and reports each
-question's latency. Dense and BM25 candidates are memoized in-process by everything that
-determines them (artifact keys, query, filter, depth), so the jobs of a sweep over fusion
-settings (run in one process by Hydra's basic launcher, or by a benchmark) search once and fuse
-per job; a memoized result reports the latency measured when it was computed.
+`search_each` answers one question at a time, as a served system would. Dense and BM25
+candidates are memoized in-process by everything that determines them (artifact keys, query,
+filter, depth), so the jobs of a sweep over fusion settings (run in one process by Hydra's basic
+launcher, or by a benchmark) search once and fuse per job. The memo holds hits, never times:
+`search_timed` always searches anew and times each question, so a latency is measured by the
+job that reports it (rag.pipeline.measure_latency), not copied from the job that filled the memo.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from rag.types import Hits, RagError
 SourceFilter = frozenset[str] | None
 
 _MEMO_SIZE = 200_000  # per-query candidate lists; a few hundred bytes each
-_memo: OrderedDict[tuple, tuple[Hits, float]] = OrderedDict()
+_memo: OrderedDict[tuple, Hits] = OrderedDict()
 
 
 def clear_memo() -> None:
@@ -77,33 +78,45 @@ class Retriever:
             out.scores[qs, :w] = hits.scores[:, :w]
         return out
 
+    def search_each(self, queries: list[str], n: int, filters: list[SourceFilter] | None = None) -> Hits:
+        """One query at a time, reusing candidates memoized by earlier searches in this process."""
+        filters = filters or [None] * len(queries)
+        out = Hits.empty(len(queries), n)
+        for q, (query, f) in enumerate(zip(queries, filters)):
+            hits = self._search_one(query, n, f, True)
+            w = min(n, hits.width)
+            out.ids[q, :w] = hits.ids[0, :w]
+            out.scores[q, :w] = hits.scores[0, :w]
+        return out
+
     def search_timed(self, queries: list[str], n: int, filters: list[SourceFilter] | None = None) -> tuple[Hits, np.ndarray]:
-        """One query at a time; returns the hits and each query's latency in milliseconds."""
+        """One query at a time, each searched now (never from the memo) and timed; returns the
+        hits and each query's latency in milliseconds."""
         filters = filters or [None] * len(queries)
         out = Hits.empty(len(queries), n)
         ms = np.zeros(len(queries))
         for q, (query, f) in enumerate(zip(queries, filters)):
-            hits, seconds = self._search_one(query, n, f)
+            t0 = time.perf_counter()
+            hits = self._search_one(query, n, f, False)
+            ms[q] = 1000.0 * (time.perf_counter() - t0)
             w = min(n, hits.width)
             out.ids[q, :w] = hits.ids[0, :w]
             out.scores[q, :w] = hits.scores[0, :w]
-            ms[q] = 1000.0 * seconds
         return out, ms
 
-    def _search_one(self, query: str, n: int, f: SourceFilter) -> tuple[Hits, float]:
+    def _search_one(self, query: str, n: int, f: SourceFilter, reuse: bool) -> Hits:
         signature = self._signature()
         key = (signature, query, n, f)
-        if signature is not None and key in _memo:
+        if reuse and signature is not None and key in _memo:
             _memo.move_to_end(key)
             return _memo[key]
-        t0 = time.perf_counter()
         hits = self._search([query], n, self._allowed(f))
-        result = (hits, time.perf_counter() - t0)
         if signature is not None:
-            _memo[key] = result
+            _memo[key] = hits
+            _memo.move_to_end(key)
             if len(_memo) > _MEMO_SIZE:
                 _memo.popitem(last=False)
-        return result
+        return hits
 
     def _signature(self) -> tuple | None:
         """Everything that determines this retriever's candidates, or None (never memoized)."""
@@ -193,12 +206,10 @@ class HybridRetriever(Retriever):
         lists = [r._search(queries, width, allowed) for r in (self.dense, self.lexical)]
         return self.fusion(lists, n)
 
-    def _search_one(self, query: str, n: int, f: SourceFilter) -> tuple[Hits, float]:
+    def _search_one(self, query: str, n: int, f: SourceFilter, reuse: bool) -> Hits:
         width = max(n, self.candidates)
-        (dense, t_dense), (lexical, t_lexical) = (r._search_one(query, width, f) for r in (self.dense, self.lexical))
-        t0 = time.perf_counter()
-        fused = self.fusion([dense, lexical], n)
-        return fused, t_dense + t_lexical + (time.perf_counter() - t0)
+        lists = [r._search_one(query, width, f, reuse) for r in (self.dense, self.lexical)]
+        return self.fusion(lists, n)
 
 
 def source_filters(mode: str | None, groups: Any, sources: Any, question_corpora: list[str | None]) -> list[SourceFilter]:
