@@ -34,13 +34,13 @@ from rag.types import Hits, RagError
 
 @dataclass(frozen=True)
 class LatencySettings:
-    sample: int | None = 16  # questions timed (None or 0: every question)
-    repeats: int = 3
+    sample: int | None = 16  # questions timed (None: every question; 0: none, no latency is reported)
+    repeats: int = 2
     warmup: int = 2
 
     def __post_init__(self) -> None:
         if self.sample is not None and int(self.sample) < 0:
-            raise RagError(f"eval.latency.sample must be >= 0 (0 or null: every question), got {self.sample}")
+            raise RagError(f"eval.latency.sample must be >= 0 (null: every question, 0: none), got {self.sample}")
         if int(self.repeats) < 1:
             raise RagError(f"eval.latency.repeats must be >= 1, got {self.repeats}")
         if int(self.warmup) < 0:
@@ -56,9 +56,11 @@ class LatencySettings:
 
 
 def sample_rows(n: int, sample: int | None) -> np.ndarray:
-    """`sample` row numbers spread evenly over 0..n-1 (all of them when sample is 0/None/>= n)."""
-    if not sample or sample >= n:
+    """`sample` row numbers spread evenly over 0..n-1 (all of them when sample is None or >= n)."""
+    if sample is None or sample >= n:
         return np.arange(n)
+    if sample == 0:
+        return np.arange(0)
     return np.unique(np.linspace(0, n - 1, int(sample)).round().astype(int))
 
 
@@ -80,6 +82,8 @@ def measure(retriever: Any, reranker: Any, queries: list[str], filters: list[Any
         for j, i in enumerate(rows):
             times[j, r] = once(int(i))
     med = np.median(times, axis=1)
+    if len(rows) == 0:
+        return rows, {"retrieve": np.zeros(0), "rerank": np.zeros(0)}, {"measured": "off (eval.latency.sample=0)"}
     method = {
         "measured": "in this run, after its main pass: fresh searches (memo bypassed), warm, repeated",
         "questions": int(len(rows)),

@@ -364,3 +364,18 @@ def test_bench_registry_and_cli(tmp_path, monkeypatch, capsys):
     assert res["x"] == 1 and res["table"][0]["value"] == 42.0
     assert "| answer | 42.000 | s |" in (tmp_path / "bench.md").read_text()
     assert "dummy" in json.loads((tmp_path / "results.json").read_text())
+
+
+def test_bench_headline_gathers_the_issue_ratios(tmp_path):
+    (tmp_path / "families").mkdir()
+    (tmp_path / "results.json").write_text(json.dumps({"alpha_sweep": {"alpha_sweep_ratio": 1.1},
+                                                       "grid_sweep": {"grid_sweep_ratio": 1.05}}))
+    (tmp_path / "families" / "results.json").write_text(json.dumps({"results": {
+        "generation_speed": {"generation_speedup": 2.5, "generation_identical_share": 1.0},
+        "onnx": {"embed_speedup": 1.6}}}))
+    assert bench.main(["--headline", "--out", str(tmp_path)]) == 0
+    heads = json.loads((tmp_path / "headline.json").read_text())
+    assert heads == {"generation_speedup": 2.5, "generation_identical_share": 1.0, "embed_speedup": 1.6,
+                     "alpha_sweep_ratio": 1.1, "grid_sweep_ratio": 1.05}
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["grid_sweep_ratio"] == 1.05 and results["alpha_sweep"]["alpha_sweep_ratio"] == 1.1

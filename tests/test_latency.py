@@ -47,6 +47,7 @@ def test_sample_is_spread_over_the_questions():
     assert list(latency.sample_rows(10, 4)) == [0, 3, 6, 9]
     assert list(latency.sample_rows(5, None)) == [0, 1, 2, 3, 4]
     assert list(latency.sample_rows(5, 50)) == [0, 1, 2, 3, 4]
+    assert len(latency.sample_rows(5, 0)) == 0  # latency off
 
 
 def test_measure_repeats_each_sampled_question_after_a_warmup():
