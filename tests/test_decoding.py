@@ -89,7 +89,7 @@ def test_smollm2_config_composes_with_its_decoding(compose_cfg):
     from hydra.utils import instantiate
 
     gen = instantiate(compose_cfg(["llm=smollm2"]).llm)
-    assert gen.runtime == "loop" and gen.rules.stop and gen.rules.repeat_stop_ngram >= 2
+    assert gen.runtime == "loop" and gen.rules.repeat_stop_ngram >= 2 and not gen.rules.legacy
     assert gen.id["decoding"] == gen.rules.id
 
 

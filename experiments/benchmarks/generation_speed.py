@@ -21,6 +21,7 @@ step reads (weights, plus each live row's KV cache) turn them into a floor in se
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
@@ -122,6 +123,8 @@ def floor_seconds(costs: dict[str, float], stats: dict[str, float], limits: dict
 
 
 def run_variant(name: str, settings: dict[str, Any], base_llm: dict[str, Any], prompts: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
     from rag.generation import llm as llm_module
     from rag.generation.hf import HFGenerator
 
@@ -135,6 +138,8 @@ def run_variant(name: str, settings: dict[str, Any], base_llm: dict[str, Any], p
     answers = gen.generate(prompts["questions"], prompts["contexts"])
     wall = time.perf_counter() - t0
     st = dict(gen.stats)
+    used = gen._auto_threads if gen.num_threads == "auto" else gen.num_threads
+    st["threads_used"] = int(used or torch.get_num_threads())
     return {"name": name, "settings": {k: args[k] for k in ("runtime", "batch_size", "num_threads", "dtype")},
             "decoding": gen.rules.id, "wall_s": round(wall, 2), "stats": st, "answers": answers,
             "tokens_per_s": round(st["new_tokens"] / wall, 2),
@@ -173,13 +178,11 @@ def bench_generation_speed(quick: bool = True, full: bool = False, tiny: bool = 
     """Generation on the CPU: tokens/s of the generator against the runtime before it on v3's
     prompts (same decoding: speed-up and identical answers), the new decoding's answer length and
     quality, and the machine's limits."""
-    import torch
-
     clock = start()
     n = n_per_corpus or (1 if tiny else 50 if full else 8)
     prompts = v3_prompts(n, list(overrides))
     base_llm = prompts["llm"]
-    threads = int(base_llm.get("num_threads") or torch.get_num_threads())
+    threads = os.cpu_count() or 1
     tiny_cap = {"max_new_tokens": 8} if tiny else {}
     variants = [("before", {**BEFORE, **tiny_cap}),
                 ("after_same_decoding", {**OLD_DECODING, **tiny_cap}),
@@ -199,8 +202,7 @@ def bench_generation_speed(quick: bool = True, full: bool = False, tiny: bool = 
     mean_ctx = float(np.mean([s for s in [before["stats"]["prefill_tokens"] / len(prompts["questions"])]]))
     for r in results.values():
         r["stats"]["mean_context"] = mean_ctx
-        t = 1 if r["settings"]["num_threads"] == 1 else threads
-        r["floor"] = floor_seconds(costs, r["stats"], limits, r["settings"]["dtype"], t)
+        r["floor"] = floor_seconds(costs, r["stats"], limits, r["settings"]["dtype"], r["stats"]["threads_used"])
         r["identical_to_before"] = round(float(np.mean([a == b for a, b in zip(r["answers"], before["answers"])])), 4)
     quality = {}
     for name in ("before", "after"):
@@ -227,7 +229,7 @@ def table(out: dict[str, Any]) -> list[dict[str, Any]]:
     for name, r in v.items():
         s = r["settings"]
         rows.append(row(f"{name}: tokens/s", r["tokens_per_s"], "tok/s",
-                        f"{s['runtime']}, batch {s['batch_size']}, {s['num_threads'] or 'all'} thread(s), {s['dtype']}; "
+                        f"{s['runtime']}, batch {s['batch_size']}, {r['stats']['threads_used']} thread(s) ({s['num_threads']}), {s['dtype']}; "
                         f"{r['wall_s']} s for {r['stats']['new_tokens']} tokens ({r['generated_per_answer']} per answer); "
                         f"{ratio(r['tokens_per_s'], b['tokens_per_s'])}x before; identical to before: "
                         f"{r['identical_to_before']}; floor {r['floor']['total_s']} s (prefill {r['floor']['prefill_s']} "
