@@ -102,7 +102,7 @@ ALPHAS = (0.1, 0.3, 0.5, 0.7, 0.9)
 ALPHA_BASE = ["retriever=hybrid", "fusion=weighted"]
 # The grid runs on a smaller slice: it builds three chunkings twice (the three runs, then the
 # sweep, each in an empty cache), and the ratio, not the corpus size, is what it measures.
-GRID_SLICE = ["slice.docs_per_source=40", "slice.questions_per_corpus=20"]
+GRID_SLICE = ["slice.docs_per_source=20", "slice.questions_per_corpus=10"]
 CHUNK_SIZES = (256, 512, 1024)
 GRID_ALPHAS = (0.3, 0.5, 0.7)
 

@@ -174,7 +174,7 @@ def answer_scores(answers: list[str], prompts: dict[str, Any], tau_h: float = 0.
 
 
 def bench_generation_speed(quick: bool = True, full: bool = False, tiny: bool = False, n_per_corpus: int | None = None,
-                           bf16: bool = True, overrides: list[str] = ()) -> dict[str, Any]:
+                           bf16: bool = True, overrides: list[str] = (), n_single: int = 4) -> dict[str, Any]:
     """Generation on the CPU: tokens/s of the generator against the runtime before it on v3's
     prompts (same decoding: speed-up and identical answers), the new decoding's answer length and
     quality, and the machine's limits."""
@@ -193,8 +193,8 @@ def bench_generation_speed(quick: bool = True, full: bool = False, tiny: bool = 
     for name, settings in variants:
         results[name] = run_variant(name, settings, base_llm, prompts)
     before, same = results["before"], results["after_same_decoding"]
-    single = {"before": single_question_ms(before["generator"], prompts),
-              "after": single_question_ms(results["after"]["generator"], prompts)}
+    single = {"before": single_question_ms(before["generator"], prompts, n_single),
+              "after": single_question_ms(results["after"]["generator"], prompts, n_single)}
     costs = model_costs(before["generator"]._lm[1])
     for r in results.values():
         del r["generator"]
@@ -239,7 +239,7 @@ def table(out: dict[str, Any]) -> list[dict[str, Any]]:
         row("**generation_identical_share**", out["generation_identical_share"], "share",
             f"{len(out['differing_answers'])} answer(s) differ"),
         row("one question alone (rag.ask): before / after", f"{out['single_question_ms']['before']} / "
-            f"{out['single_question_ms']['after']}", "ms", "median of 4 questions; after = new runtime and decoding"),
+            f"{out['single_question_ms']['after']}", "ms", "median over questions; after = new runtime and decoding"),
     ]
     for name, q in out["quality"].items():
         rows.append(row(f"{name}: answer-GT / grounding / hallucination", f"{q['answer_gt']} / {q['grounding']} / "

@@ -89,14 +89,15 @@ def _hybrid(r: Any, fusion: Any, queries: list[str], k: int, warmup: int, repeat
 
 
 def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool = False, n_questions: int | None = None,
-                            repeats: int = 3, warmup: int = 5, overrides: list[str] = ()) -> dict[str, Any]:
+                            repeats: int = 3, warmup: int = 5, overrides: list[str] = (),
+                            full_corpus: bool = True) -> dict[str, Any]:
     """Per-question retrieval latency (p50/p95) on the full corpus: dense flat, dense HNSW, BM25 and
     hybrid through the harness, against FAISS and bm25s called directly on the same data."""
     from rag.pipeline import build, open_session
 
     clock = start()
     n_q = n_questions or (8 if tiny else 400 if full else 200)
-    base = [] if tiny else FULL
+    base = FULL if full_corpus and not tiny else ["embedder.show_progress=false"]
     cases = {"flat": ["retriever=dense", "index=flat_l2"], "hnsw": ["retriever=dense", "index=hnsw"],
              "bm25": ["retriever=bm25"], "hybrid": ["retriever=hybrid", "index=hnsw", "fusion=rrf"]}
     results: dict[str, Any] = {}
