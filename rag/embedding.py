@@ -31,6 +31,11 @@ from rag.types import RagError
 
 log = logging.getLogger(__name__)
 
+# Importing onnxruntime (1.32) writes a device id and a usage database under ~/.cache/Microsoft;
+# a run writes only to its output and cache directories (tests/test_safety.py), so that is off
+# unless the user sets the variable themselves.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 PACKAGE_PREFIX = "package:"
 BACKENDS = ("torch", "onnx")
 QUANTIZATIONS = (None, "int8")
