@@ -66,7 +66,7 @@ def config_error_line(e: BaseException) -> str:
     from hydra.errors import OverrideParseException
 
     if isinstance(e, OverrideParseException):
-        msg += " (quote a value with spaces or any of ()[]{},=:'\" for Hydra, e.g. 'corpus.path=\"my docs (v2).jsonl\"')"
+        msg += " (quote a value holding any of ()[]{},='\";#&~ for Hydra, e.g. 'corpus.path=\"my docs (v2).jsonl\"')"
     return msg
 
 

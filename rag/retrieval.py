@@ -238,7 +238,8 @@ def check_source_filters(mode: str | None, groups: Any, askers: list[tuple[str, 
                          filters: list[SourceFilter], docs: list[Document]) -> None:
     """See Retriever.check_filters. Tags are compared exactly (case-sensitive), as filtering does."""
     source_of = {d.id: d.source for d in docs}
-    sources = sorted(set(source_of.values()))
+    source_set = set(source_of.values())
+    sources = sorted(source_set)
     grouped = {s for g in groups or [] for s in g}
     where = f"retriever.source_filter (mode={mode})"
     seen: set[tuple[str | None, str | None]] = set()
@@ -246,12 +247,15 @@ def check_source_filters(mode: str | None, groups: Any, askers: list[tuple[str, 
         if allowed is None or (corpus, answer_doc) in seen:
             continue
         seen.add((corpus, answer_doc))
-        if not allowed & set(sources):
+        if not allowed & source_set:
             if mode == "question" and corpus not in grouped:
                 raise RagError(
                     f"{where}: corpus tag {corpus!r} ({who}) is in no group of retriever.source_filter.groups "
                     f"{groups} and no document has that source; document sources: {sources} (tags are case-sensitive)"
                 )
+            if mode == "fixed":
+                raise RagError(f"retriever.source_filter.sources {sorted(allowed)} matches no document's source; "
+                               f"document sources: {sources} (tags are case-sensitive)")
             raise RagError(
                 f"{where}: {who} may only search sources {sorted(allowed)}, but no document has any of them; "
                 f"document sources: {sources} (tags are case-sensitive; groups: {groups})"

@@ -36,7 +36,7 @@ LOCK_FILE = ".ragrig.lock"
 # What a run writes into its directory; an earlier run's copies are removed when a run claims it.
 RESULT_FILES = ("metrics.json", "per_question.jsonl", "config_resolved.yaml", "failure.json")
 
-_held: list[IO[str]] = []  # the locks of the directories this process has claimed (held until exit)
+_held: dict[Path, IO[str]] = {}  # the locks of the directories this process has claimed (held until exit)
 
 
 def claim(output_dir: str | Path, sweep_dir: str | Path | None = None, job: int | None = None) -> dict[str, Any]:
@@ -44,16 +44,17 @@ def claim(output_dir: str | Path, sweep_dir: str | Path | None = None, job: int 
     run holds it."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    fh = open(out / LOCK_FILE, "a+")  # noqa: SIM115 -- held (locked) until the process exits
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.close()
-        raise RagError(
-            f"output directory {out} is in use by another run; give each run its own hydra.run.dir "
-            "(the default is unique per run)"
-        ) from None
-    _held.append(fh)
+    if out.resolve() not in _held:  # a second job of this process in the same directory keeps the lock
+        fh = open(out / LOCK_FILE, "a+")  # noqa: SIM115 -- held (locked) until the process exits
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise RagError(
+                f"output directory {out} is in use by another run; give each run its own hydra.run.dir "
+                "(the default is unique per run)"
+            ) from None
+        _held[out.resolve()] = fh
     earlier = (out / RUN_MARKER).exists() or any((out / f).exists() for f in RESULT_FILES)
     if earlier:
         stale = [f for f in RESULT_FILES if (out / f).exists()]

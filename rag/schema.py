@@ -152,7 +152,7 @@ EMBEDDER: dict[str, Check] = {
     "object_store_memory": integer(1, nullable=True),
 }
 CHUNKER: dict[str, Check] = {
-    "chunk_size": integer(1, nullable=True),  # null only for per_source (each route keeps its own)
+    "chunk_size": integer(1),
     "chunk_overlap": integer(0),
     "breakpoint_percentile": number(0, 100),
     "min_chunk_size": integer(1),
@@ -257,7 +257,10 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
 def validate(cfg: DictConfig) -> dict[str, Any]:
     """Checks every known value of `cfg`; returns the resolved configuration."""
     data = resolved(cfg)
-    for pattern, check in RULES.items():
+    # chunk_size may be null only for the per-source router (each route then keeps its own size)
+    router = str((data.get("chunker") or {}).get("_target_", "")).endswith("RoutedChunker")
+    rules = {**RULES, "chunker.chunk_size": integer(1, nullable=router)}
+    for pattern, check in rules.items():
         for key, value in _values(data, pattern.split("."), ""):
             check(key, value)
     _check_overlaps(data)

@@ -191,7 +191,7 @@ CASES = [
     Case("filter groups not nested", overrides(QUESTION, "retriever.source_filter.groups=[pubmed,libc]"),
          "retriever.source_filter.groups must be a list of lists of source tags", early=True),
     Case("fixed filter matches no source", overrides("retriever.source_filter.mode=fixed", "retriever.source_filter.sources=[PubMed]"),
-         "may only search sources ['PubMed'], but no document has any of them"),
+         "retriever.source_filter.sources ['PubMed'] matches no document's source; document sources: ['libc', 'pubmed', 'pytorch']"),
     Case("zero max_seq_length", overrides("embedder.max_seq_length=0"), "embedder.max_seq_length must be positive or null, got 0", early=True),
     Case("ef_search a float", overrides("index=hnsw", "index.ef_search=2.5"), "index.ef_search must be an integer, got 2.5", early=True),
     Case("separators not a list", overrides("chunker=recursive", "chunker.separators=oops"),

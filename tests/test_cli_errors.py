@@ -45,7 +45,7 @@ def assert_one_line(done: subprocess.CompletedProcess, expect: str, status: int 
     (["sweep=nope"], "ragrig: error: Could not find 'sweep/nope' (available: alpha, chunk_alpha, optuna, versions)"),
     (["+version=v9"], "ragrig: error: Could not find 'version/v9' (available: v1, v2, v3, v4)"),
     (["corpus.path=/data/a,b/c.jsonl"], "ragrig: error: Ambiguous value for argument 'corpus.path=/data/a,b/c.jsonl'"),
-    (["corpus.path=/data/docs (copy)/c.jsonl"], "mismatched input ' (' expecting <EOF> (quote a value with spaces or any of"),
+    (["corpus.path=/data/docs (copy)/c.jsonl"], "mismatched input ' (' expecting <EOF> (quote a value holding any of"),
 ])
 def test_run_py_config_errors_are_one_line(extra, expect, tiny_files):
     done = command([str(PROJECT_ROOT / "run.py"), f"hydra.run.dir={tiny_files['out']}", *tiny_overrides(tiny_files), *extra])

@@ -140,9 +140,10 @@ def test_fail_on_decides_the_exit_status_of_a_partly_failed_sweep(tmp_path, caps
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
-def test_a_read_only_cache_that_must_build_is_one_line(warm, tmp_path):
-    """A run that must build a new artifact in a read-only cache stops with one line naming the
-    cache. As root, permissions bind only without CAP_DAC_OVERRIDE, so the run drops it."""
+def test_a_read_only_cache_serves_hits_and_refuses_builds_in_one_line(warm, tmp_path):
+    """A shared cache mounted read-only serves what it holds; a run that must build a new artifact
+    there stops with one line naming the cache. As root, permissions bind only without
+    CAP_DAC_OVERRIDE, so the runs drop it."""
     prefix: list[str] = []
     if os.geteuid() == 0:
         setpriv = shutil.which("setpriv")
@@ -154,6 +155,11 @@ def test_a_read_only_cache_that_must_build_is_one_line(warm, tmp_path):
     for p in [cache, *cache.rglob("*")]:
         p.chmod(0o555 if p.is_dir() else 0o444)
     try:
+        hit = subprocess.run([*prefix, sys.executable, RUN, *tiny_overrides(warm), f"paths.cache={cache}",
+                              "retriever=hybrid", f"hydra.run.dir={tmp_path / 'hit'}"],
+                             cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=400)
+        assert hit.returncode == 0, hit.stderr[-3000:]
+        assert (tmp_path / "hit" / "metrics.json").exists()
         miss = subprocess.run([*prefix, sys.executable, RUN, *tiny_overrides(warm), f"paths.cache={cache}",
                                "chunker.chunk_size=90", f"hydra.run.dir={tmp_path / 'miss'}"],
                               cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=400)

@@ -40,7 +40,7 @@ def test_a_required_value_is_named(compose_cfg):
 @pytest.mark.parametrize("overrides,message", [
     (["chunker=per_source", "chunker.routes.libc.chunk_overlap=500"],
      "chunker.routes.libc.chunk_overlap (500) must be smaller than chunker.routes.libc.chunk_size (384)"),
-    (["chunker=per_source", "chunker.routes.pubmed.chunk_size=0"], "chunker.routes.pubmed.chunk_size must be positive or null, got 0"),
+    (["chunker=per_source", "chunker.routes.pubmed.chunk_size=0"], "chunker.routes.pubmed.chunk_size must be positive, got 0"),
     (["chunker=semantic", "chunker.breakpoint_percentile=150"], "chunker.breakpoint_percentile must be in [0, 100], got 150"),
     (["retriever=hybrid", "retriever.lexical.b=1.5"], "retriever.lexical.b must be in [0, 1], got 1.5"),
     (["retriever=bm25", "retriever.k1=0"], "retriever.k1 must be > 0, got 0"),
@@ -49,6 +49,8 @@ def test_a_required_value_is_named(compose_cfg):
     (["eval.embedder.batch_size=0"], "eval.embedder.batch_size must be positive, got 0"),
     (["corpus=mixed", "corpus.parts.0.path="], "corpus.parts.0.path must name a file, got an empty value"),
     (["eval.bootstrap.seed=-1"], "eval.bootstrap.seed must be >= 0, got -1"),
+    (["chunker=per_source", "chunker.chunk_size=0"], "chunker.chunk_size must be positive or null, got 0"),
+    (["chunker=sliding_window", "chunker.chunk_size=null"], "chunker.chunk_size must be an integer, got null"),
     (["fusion=rrf", "fusion.k=inf"], "fusion.k must be an integer, got inf"),
     (["fusion=weighted", "fusion.alpha=nan"], "fusion.alpha must be a finite number, got nan"),
 ])
