@@ -60,6 +60,8 @@ class ScoreSettings:
             v = getattr(self, name)
             if not -1.0 <= float(v) <= 1.0:
                 raise RagError(f"eval.{name} is a cosine threshold and must be in [-1, 1], got {v}")
+        if isinstance(self.bootstrap_resamples, bool) or int(self.bootstrap_resamples) < 1:
+            raise RagError(f"eval.bootstrap.resamples must be positive, got {self.bootstrap_resamples}")
         unknown = [m for m in self.metrics if m not in ALL_METRICS]
         if unknown:
             raise RagError(f"eval.metrics: unknown metric(s) {unknown}; known: {list(ALL_METRICS)}")

@@ -23,11 +23,13 @@ from tqdm.auto import tqdm
 from eval.scoring import ANSWER_METRICS, ScoreSettings, score
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache, atomic_write_text, make_key
+from rag.chunking.token import TokenChunker
 from rag.context import ContextBuilder
 from rag.documents import (
     answer_subset, check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions,
 )
 from rag.generation import NoGenerator
+from rag.schema import validate
 from rag.timing import StageTimer
 from rag.types import Chunk, Context, Document, Hits, QAItem, RagError
 
@@ -102,7 +104,11 @@ class Session:
         return max(self.settings.k, int(getattr(self.reranker, "top_n", 0) or 0))
 
 
-def open_session(cfg: DictConfig) -> Session:
+def open_session(cfg: DictConfig, askers: list[tuple[str, str | None, str | None]] = ()) -> Session:
+    """`askers`: more (who, corpus tag, answer document) whose source filters are checked with the
+    questions', before any model loads (rag.ask's --corpus)."""
+    # Every value's type and range first: a bad one is one line naming it, before anything loads.
+    validate(cfg)
     timer = StageTimer()
     # A relative cache path means the directory the command was started in, also for a job that
     # a launcher runs in another directory or on another node (Hydra carries that directory along).
@@ -127,6 +133,8 @@ def open_session(cfg: DictConfig) -> Session:
     eval_embedder = build(cfg.eval.embedder)
     context_builder = ContextBuilder(**_container(cfg.context))
     check_objective(cfg.objective, settings, generator)
+    if isinstance(chunker, TokenChunker):
+        chunker.check_fits(str(cfg.embedder.model), cfg.embedder.get("max_seq_length"))
 
     with timer.stage("corpus"):
         all_docs, skipped = load_corpus(corpus, cache)
@@ -135,6 +143,7 @@ def open_session(cfg: DictConfig) -> Session:
         qa = slice_questions(all_qa, cfg.slice.questions_per_corpus, cfg.slice.seed)
         docs = slice_documents(all_docs, qa, cfg.slice.docs_per_source, cfg.slice.seed)
         check_document_sizes(docs, cfg.max_doc_chars)
+        retriever.check_filters([(f"question {q.id!r}", q.corpus, q.source) for q in qa] + list(askers), docs)
 
     with timer.stage("chunk"):
         chunk_set, chunks_hit = build_chunks(chunker, _container(cfg.chunker), docs, cache)
@@ -313,15 +322,24 @@ def latency_summary(retrieve_ms: np.ndarray, rerank_ms: np.ndarray, generate_ms:
 
 
 def write_results(output_dir: Path, result: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    """Results are written whole or not at all (temporary file, then rename); metrics.json goes
-    last, so its presence marks a finished run."""
+    """Results are written whole or not at all: each file to a temporary name and renamed,
+    metrics.json last (its presence marks a finished run), and if anything fails or is interrupted
+    (Ctrl-C) on the way, the files already written by this call are removed again."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(
-        output_dir / "per_question.jsonl",
-        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
-    )
-    atomic_write_text(output_dir / "config_resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(result["config"])))
-    atomic_write_text(output_dir / "metrics.json", json.dumps(result, indent=2, default=_json_default))
+    files = {
+        "per_question.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+        "config_resolved.yaml": OmegaConf.to_yaml(OmegaConf.create(result["config"])),
+        "metrics.json": json.dumps(result, indent=2, default=_json_default),
+    }
+    written: list[Path] = []
+    try:
+        for name, text in files.items():
+            atomic_write_text(output_dir / name, text)
+            written.append(output_dir / name)
+    except BaseException:
+        for p in written:
+            p.unlink(missing_ok=True)
+        raise
 
 
 def _json_default(o: Any) -> Any:

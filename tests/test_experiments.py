@@ -284,12 +284,12 @@ def test_compare_cli_mixes_sweeps_and_single_runs(tmp_path):
     assert compare_main([str(tmp_path / "nothing-here")]) == 2
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert compare_main([str(empty)]) == 1
-    # default --out: a new directory under outputs/compare/<timestamp>
+    assert compare_main([str(empty)]) == 2  # nothing to compare is a user error too
+    # default --out: a new directory under outputs/compare/<timestamp>, created (so claimed) at once
     from experiments.compare import default_out
 
     a = default_out(tmp_path / "compare")
-    a.mkdir(parents=True)
+    assert a.is_dir()
     assert default_out(tmp_path / "compare") != a
 
 
