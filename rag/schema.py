@@ -176,6 +176,7 @@ RULES: dict[str, Check] = {
     "context.budget_chars": integer(1),
     "slice.docs_per_source": integer(1, nullable=True),
     "slice.questions_per_corpus": integer(1, nullable=True),
+    "slice.answer_questions_per_corpus": integer(1, nullable=True),
     "slice.seed": integer(),
     "paths.cache": path("a directory"),
     "corpus.path": path(),
