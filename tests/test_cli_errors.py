@@ -42,7 +42,7 @@ def assert_one_line(done: subprocess.CompletedProcess, expect: str, status: int 
 @pytest.mark.parametrize("extra,expect", [
     (["eval.kk=3"], "ragrig: error: Could not override 'eval.kk'. To append to your config use +eval.kk=3 (Key 'kk' is not in struct)"),
     (["eval.k=[1,"], "ragrig: error: override 'eval.k=[1,': no viable alternative at input '[1,' (quote a value"),
-    (["sweep=nope"], "ragrig: error: Could not find 'sweep/nope' (available: alpha, chunk_alpha, optuna, versions)"),
+    (["sweep=nope"], "ragrig: error: Could not find 'sweep/nope' (available: alpha, chunk_alpha, demo, optuna, versions)"),
     (["+version=v9"], "ragrig: error: Could not find 'version/v9' (available: v1, v2, v3, v4)"),
     (["corpus.path=/data/a,b/c.jsonl"], "ragrig: error: Ambiguous value for argument 'corpus.path=/data/a,b/c.jsonl'"),
     (["corpus.path=/data/docs (copy)/c.jsonl"], "mismatched input ' (' expecting <EOF> (quote a value holding any of"),
