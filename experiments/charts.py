@@ -14,6 +14,7 @@ pyplot state), so it is safe in any process and needs no display.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+
+from experiments import metric_info as MI
 
 FORMATS = ("png", "svg")
 HATCHES = ["", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---", "***", "|||"]
@@ -40,26 +43,6 @@ _RC = {
     "legend.fontsize": 8,
 }
 
-METRIC_LABELS = {
-    "recall_at_k": "recall@{k}",
-    "mrr": "MRR",
-    "precision_at_k": "precision@{k}",
-    "hit_at_k_id": "hit@{k} (source id)",
-    "mrr_id": "MRR (source id)",
-    "answer_gt": "answer–truth similarity",
-    "grounding": "grounding",
-    "hallucination": "hallucination rate",
-}
-METRIC_UNITS = {
-    "recall_at_k": "share of questions, 0–1",
-    "mrr": "mean reciprocal rank, 0–1",
-    "precision_at_k": "share of top-{k} chunks, 0–1",
-    "hit_at_k_id": "share of questions, 0–1",
-    "mrr_id": "mean reciprocal rank, 0–1",
-    "answer_gt": "cosine similarity",
-    "grounding": "cosine similarity",
-    "hallucination": "share of questions, 0–1",
-}
 PARAM_LABELS = {
     "chunker.chunk_size": "chunk size ({unit})",
     "chunker.chunk_overlap": "chunk overlap ({unit})",
@@ -82,10 +65,8 @@ PARAM_LABELS = {
 
 
 def metric_label(name: str, k: Any = "k", unit: bool = False) -> str:
-    label = METRIC_LABELS.get(name, name).format(k=k)
-    if unit:
-        return f"{label} ({METRIC_UNITS.get(name, 'mean over questions').format(k=k)})"
-    return label
+    """The metric's name for charts and tables, '↓' marking lower-is-better ones (metric_info)."""
+    return MI.label(name, k, unit=unit)
 
 
 def param_label(key: str, chunk_unit: str = "characters") -> str:
@@ -105,7 +86,8 @@ LATENCY_PREFERENCE = ("latency_total_ms_median", "latency_retrieve_ms_median")
 def latency_column(df: pd.DataFrame) -> str | None:
     """The per-question latency to plot: a median when the runs report one (end to end first),
     else retrieval time per question; None when no run reports latency."""
-    cols = [c for c in df.columns if c.startswith("latency_") and df[c].notna().any()]
+    derived = {MI.LATENCY, f"{MI.LATENCY}_ci_low", f"{MI.LATENCY}_ci_high", f"{MI.LATENCY}_n"}
+    cols = [c for c in df.columns if c.startswith("latency_") and c not in derived and df[c].notna().any()]
     for c in LATENCY_PREFERENCE:
         if c in cols:
             return c
@@ -123,11 +105,11 @@ def latency_label(col: str) -> str:
     if name.endswith("_ms_median"):
         stage = name.removesuffix("_ms_median")
         stage = "end-to-end" if stage == "total" else stage
-        return f"median {stage} latency per question (ms)"
+        return f"median {stage} latency per question (ms) {MI.LOWER_MARK}"
     if name.endswith("_ms_per_question"):
         stage = name.removesuffix("_ms_per_question")
-        return f"{stage} time per question (ms, batch time / questions)"
-    return f"{name} (ms)"
+        return f"{stage} time per question (ms, batch time / questions) {MI.LOWER_MARK}"
+    return f"{name} (ms) {MI.LOWER_MARK}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +171,29 @@ def _n_questions(df: pd.DataFrame, metrics: list[str]) -> str:
 # charts
 
 
+def _panel_grid(fig: Figure, n: int, ncols: int) -> list[Any]:
+    nrows = math.ceil(n / ncols)
+    return [fig.add_subplot(nrows, ncols, i + 1) for i in range(n)]
+
+
+def _unit_range(values: np.ndarray) -> bool:
+    finite = values[np.isfinite(values)]
+    return bool(len(finite)) and float(finite.min()) >= -0.001 and float(finite.max()) <= 1.001
+
+
+def _hbars(ax: Any, pos: np.ndarray, means: np.ndarray, err: np.ndarray, height: float, shades: list[Any],
+           hatches: list[str], notes: list[str], digits: int) -> float:
+    """Horizontal bars with CI whiskers and the value (and note, e.g. ▲) after each whisker.
+    Returns the largest whisker end."""
+    ax.barh(pos, np.nan_to_num(means), height, xerr=err, capsize=2, color=shades, edgecolor="black",
+            linewidth=0.6, hatch=hatches, error_kw={"elinewidth": 0.8})
+    ends = means + err[1]
+    for y, v, e, note in zip(pos, means, ends, notes):
+        if np.isfinite(v):
+            ax.text(e, y, f" {v:.{digits}f}{(' ' + note) if note else ''}", va="center", ha="left", fontsize=7.5)
+    return float(np.nanmax(ends)) if np.isfinite(ends).any() else 0.0
+
+
 def version_chart(
     df: pd.DataFrame,
     metrics: list[str],
@@ -201,46 +206,106 @@ def version_chart(
     title: str | None = None,
     baseline: str | None = None,
 ) -> list[Path]:
-    """Grouped bars: one group per metric, one bar per variant/run, 95% CI error bars.
-    `markers[(group, metric)]` (e.g. ▲/▼ vs a baseline) is printed above the bar."""
+    """One small panel per metric, one horizontal bar per variant/run (mean with its 95% CI
+    whisker and value). Panels keep every label horizontal and readable however many metrics
+    and runs there are, and give each metric its own axis (latency in ms beside 0–1 scores).
+    `markers[(group, metric)]` (▲/▼ vs a baseline) is printed after the value."""
     ok = df[df["status"] == "ok"]
     groups = list(ok[group_col].astype(str))
     metrics = [m for m in metrics if m in ok and ok[m].notna().any()]
     if not groups or not metrics:
         return []
     n_g, n_m = len(groups), len(metrics)
-    width = min(0.8 / n_g, 0.3)
-    label_w = max(len(g) for g in groups) * 0.065
-    fig = _new_figure(max(6.5, 1.6 + label_w + n_m * (0.35 + n_g * width * 1.1)), 4.6)
-    ax = fig.add_subplot()
-    x = np.arange(n_m)
+    ncols = min(n_m, 4 if n_m > 6 else 3)
+    nrows = math.ceil(n_m / ncols)
+    label_w = min(max(len(g) for g in groups), 34) * 0.062
+    fig = _new_figure(1.0 + label_w + 3.0 * ncols, 1.3 + nrows * (0.75 + 0.24 * n_g))
+    axes = _panel_grid(fig, n_m, ncols)
     shades = _gray_shades(n_g)
-    top = 0.0
-    for i, (g, (_, row)) in enumerate(zip(groups, ok.iterrows())):
-        means = np.array([row[m] for m in metrics], float)
-        err = np.hstack([_yerr(ok.loc[[row.name]], m) for m in metrics])
-        pos = x - 0.4 + width * (i + 0.5) + (0.8 - width * n_g) / 2
-        ax.bar(pos, means, width, yerr=err, capsize=2.5, label=g, color=shades[i], edgecolor="black",
-               linewidth=0.6, hatch=HATCHES[i % len(HATCHES)], error_kw={"elinewidth": 0.9})
-        highs = means + err[1]
-        top = max(top, float(np.nanmax(highs)) if np.isfinite(highs).any() else 0.0)
-        if markers:
-            for p, m, h in zip(pos, metrics, highs):
-                sym = markers.get((g, m), "")
-                if sym and np.isfinite(h):
-                    ax.text(p, h + 0.01, sym, ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(x, [metric_label(m, k).replace(" (", "\n(") for m in metrics])
-    ax.set_ylabel("mean over questions (0–1; similarities: cosine)")
-    ax.set_xlabel("metric")
-    ax.set_ylim(min(0.0, float(np.nanmin(ok[metrics].to_numpy(float))) - 0.05), max(1.0, top) * 1.08)
-    ax.grid(axis="y", linewidth=0.4, alpha=0.6)
-    ax.set_axisbelow(True)
+    hatches = [HATCHES[i % len(HATCHES)] for i in range(n_g)]
+    pos = np.arange(n_g)[::-1].astype(float)
+    for idx, (ax, m) in enumerate(zip(axes, metrics)):
+        means = ok[m].to_numpy(float)
+        err = _yerr(ok, m)
+        notes = [(markers or {}).get((g, m), "") for g in groups]
+        unit01 = _unit_range(np.concatenate([means, means + err[1]]))
+        top = _hbars(ax, pos, means, err, 0.72, shades, hatches, notes, 3 if unit01 else 1)
+        if unit01:
+            ax.set_xlim(0, 1.3)
+            ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", ".25", ".5", ".75", "1"])
+        else:
+            ax.set_xlim(0, max(top, 1e-9) * 1.45)
+        ax.set_yticks(pos, [textwrap.shorten(g, 34, placeholder="…") for g in groups] if idx % ncols == 0 else [])
+        ax.set_title("\n".join(textwrap.wrap(metric_label(m, k), 26)), fontsize=9.5)
+        ax.grid(axis="x", linewidth=0.4, alpha=0.6)
+        ax.set_axisbelow(True)
+        ax.tick_params(axis="x", labelsize=7.5)
     nq = _n_questions(ok, metrics)
-    ax.set_title(title or f"Variant comparison: mean of each metric\nwith 95% bootstrap CI ({nq} questions)")
-    legend_title = "variant" if list(ok[group_col].astype(str)) == list(ok.get("variant", pd.Series()).astype(str)) else "run"
+    fig.suptitle(title or f"Variant comparison: mean of each metric with 95% bootstrap CI ({nq} questions)",
+                 fontsize=11)
+    notes = ["bar: mean over questions; whisker: 95% CI"]
     if markers and any(markers.values()):
-        legend_title += f"\n▲/▼: differs from the\nbaseline{' ' + baseline if baseline else ''} (paired 95% CI)"
-    fig.legend(title=legend_title, loc="outside right upper", frameon=True, title_fontsize=8)
+        notes.append(f"▲/▼: higher/lower than {baseline or 'the baseline'}, significant after Holm correction")
+    if any(MI.lower_is_better(m) for m in metrics):
+        notes.append(MI.LOWER_NOTE)
+    fig.supxlabel("; ".join(notes), fontsize=8)
+    return save(fig, out_dir, name, formats)
+
+
+def corpus_chart(
+    tidy: pd.DataFrame,
+    metrics: list[str],
+    out_dir: Path,
+    k: Any = "k",
+    formats: Iterable[str] = FORMATS,
+    name: str = "corpus_breakdown",
+) -> list[Path]:
+    """Per question corpus: one panel per metric, one block of bars per corpus, one bar per run
+    (mean with 95% CI). `tidy` has columns run, corpus, metric, mean, ci_low, ci_high, n."""
+    if tidy.empty:
+        return []
+    runs = list(dict.fromkeys(tidy["run"].astype(str)))
+    corpora = list(dict.fromkeys(tidy["corpus"].astype(str)))
+    metrics = [m for m in metrics if m in set(tidy["metric"])]
+    if not metrics or len(corpora) < 1:
+        return []
+    n_r, n_c, n_m = len(runs), len(corpora), len(metrics)
+    ncols = min(n_m, 3)
+    nrows = math.ceil(n_m / ncols)
+    fig = _new_figure(2.4 + 3.1 * ncols, 1.2 + nrows * (0.6 + 0.2 * n_r * n_c + 0.15 * n_c))
+    axes = _panel_grid(fig, n_m, ncols)
+    shades = _gray_shades(n_r)
+    height = 0.8 / n_r
+    for idx, (ax, m) in enumerate(zip(axes, metrics)):
+        sub = tidy[tidy["metric"] == m].set_index(["run", "corpus"])
+        base = np.arange(n_c)[::-1].astype(float)
+        tops, unit01 = [], True
+        for i, r in enumerate(runs):
+            vals = np.array([sub["mean"].get((r, c), np.nan) for c in corpora], float)
+            lo = np.array([sub["ci_low"].get((r, c), np.nan) for c in corpora], float)
+            hi = np.array([sub["ci_high"].get((r, c), np.nan) for c in corpora], float)
+            unit01 &= _unit_range(np.concatenate([vals, hi]))
+            err = np.vstack([np.clip(np.nan_to_num(vals - lo), 0, None), np.clip(np.nan_to_num(hi - vals), 0, None)])
+            pos = base + 0.4 - height * (i + 0.5)
+            ax.barh(pos, np.nan_to_num(vals), height, xerr=err, capsize=1.5, color=shades[i], edgecolor="black",
+                    linewidth=0.5, hatch=HATCHES[i % len(HATCHES)], error_kw={"elinewidth": 0.7},
+                    label=r if idx == 0 else None)
+            tops.append(float(np.nanmax(vals + err[1])) if np.isfinite(vals).any() else 0.0)
+        if unit01:
+            ax.set_xlim(0, 1.05)
+        else:
+            ax.set_xlim(0, max(tops + [1e-9]) * 1.1)
+        ax.set_yticks(base, corpora if idx % ncols == 0 else [])
+        ax.set_title("\n".join(textwrap.wrap(metric_label(m, k), 26)), fontsize=9.5)
+        ax.grid(axis="x", linewidth=0.4, alpha=0.6)
+        ax.set_axisbelow(True)
+        ax.tick_params(axis="x", labelsize=7.5)
+    fig.legend(title="run", loc="outside right upper", title_fontsize=8, fontsize=7.5)
+    fig.suptitle("Per question corpus: mean of each metric with 95% bootstrap CI", fontsize=11)
+    note = "bar: mean over the corpus's questions; whisker: 95% CI"
+    if any(MI.lower_is_better(m) for m in metrics):
+        note += f"; {MI.LOWER_NOTE}"
+    fig.supxlabel(note, fontsize=8)
     return save(fig, out_dir, name, formats)
 
 
