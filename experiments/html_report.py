@@ -304,7 +304,7 @@ def chart_svgs(rep: Report) -> list[dict[str, str]]:
         tmp = tempfile.TemporaryDirectory(prefix="ragrig-report-")
         try:
             paths = [p for p in make_charts(rep, Path(tmp.name), ("svg",)) if p.suffix == ".svg"]
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("report.html: charts failed")
     try:
         return [{"name": p.stem, "title": p.stem.replace("_", " "), "svg": inline_svg(p.read_text(encoding="utf-8"), f"c{i}-")}
@@ -444,6 +444,6 @@ def write_run_report(run_dir: Path, max_context_chars: int = 1200) -> Path | Non
                                   max_context_chars=max_context_chars)
         rep = analyze(records, run_dir, settings, source=f"Run directory: `{run_dir}`")
         return write_html(rep, records, run_dir / "report.html")
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("report.html for %s failed; the run's results are unaffected", run_dir)
         return None

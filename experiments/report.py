@@ -30,6 +30,7 @@ import pandas as pd
 from eval.stats import bootstrap_ci
 from experiments import charts as C
 from experiments import metric_info as MI
+from experiments import panels as P
 from experiments import verdict as V
 from experiments.aggregate import RunRecord, markdown_table, summary_frame
 from experiments.stats import PERMUTATIONS
@@ -191,7 +192,7 @@ def make_charts(rep: Report, out_dir: Path, formats: tuple[str, ...]) -> list[Pa
     categorical = [v for v in varying if v not in numeric]
     chose = False
     if "variant" in varying or not varying or (categorical and not numeric):
-        paths += C.version_chart(frame, rep.metrics, out_dir, k=k, markers=markers, formats=formats,
+        paths += P.version_chart(frame, rep.metrics, out_dir, k=k, markers=markers, formats=formats,
                                  baseline=rep.baseline)
         chose = True
     if len(numeric) >= 2:
@@ -220,7 +221,7 @@ def make_charts(rep: Report, out_dir: Path, formats: tuple[str, ...]) -> list[Pa
         group = numeric[0] if numeric else (varying[0] if varying else None)
         paths += C.latency_chart(frame, out_dir, k=k, group_col=group, formats=formats)
     if not rep.by_corpus.empty and rep.by_corpus["corpus"].nunique() >= 2:
-        paths += C.corpus_chart(rep.by_corpus, rep.headline(), out_dir, k=k, formats=formats)
+        paths += P.corpus_chart(rep.by_corpus, rep.headline(), out_dir, k=k, formats=formats)
     return paths
 
 
