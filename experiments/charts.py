@@ -19,13 +19,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
 from experiments import metric_info as MI
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FORMATS = ("png", "svg")
 HATCHES = ["", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---", "***", "|||"]
@@ -117,6 +120,11 @@ def latency_label(col: str) -> str:
 
 
 def _new_figure(w: float, h: float) -> Figure:
+    # Imported here: matplotlib's figure machinery builds a font cache under $HOME on first import,
+    # and a single run (which imports the report code but draws nothing) must write only its own
+    # output and the artifact cache.
+    from matplotlib.figure import Figure
+
     return Figure(figsize=(w, h), layout="constrained")
 
 
@@ -189,12 +197,16 @@ def _grid(df: pd.DataFrame, x_key: str, y_key: str, value: str) -> tuple[list[An
 
 
 def _heatmap(ax: Any, fig: Figure, xs: list[Any], ys: list[Any], grid: np.ndarray, failed: np.ndarray,
-             x_label: str, y_label: str, cbar_label: str, fontsize: float = 9, digits: int = 3) -> None:
+             x_label: str, y_label: str, cbar_label: str, fontsize: float = 9, digits: int = 3,
+             reverse: bool = False) -> None:
+    """Annotated heatmap; `reverse` (lower-is-better metrics) keeps "brighter is better"."""
+    from matplotlib.patches import Rectangle
+
     finite = grid[np.isfinite(grid)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
     if vmin == vmax:
         vmin, vmax = vmin - 0.05, vmax + 0.05
-    cmap = matplotlib.colormaps[CMAP].with_extremes(bad="white")
+    cmap = matplotlib.colormaps[CMAP + ("_r" if reverse else "")].with_extremes(bad="white")
     im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", origin="lower")
     for i in range(len(ys)):
         for j in range(len(xs)):
@@ -236,7 +248,7 @@ def grid_heatmaps(
     fig = _new_figure(max(6.4, 1.6 + 1.1 * len(xs)), max(4.2, 1.7 + 0.7 * len(ys)))
     ax = fig.add_subplot()
     _heatmap(ax, fig, xs, ys, grid, failed, param_label(x_key, unit), param_label(y_key, unit),
-             metric_label(objective, k, unit=True), fontsize=10)
+             metric_label(objective, k, unit=True), fontsize=10, reverse=MI.lower_is_better(objective))
     ok = df[df["status"] == "ok"]
     note = ""
     if f"{objective}_ci_low" in ok and len(ok):
@@ -251,14 +263,15 @@ def grid_heatmaps(
     if ms:
         ncols = min(3, len(ms))
         nrows = math.ceil(len(ms) / ncols)
-        fig = _new_figure(4.2 * ncols, 3.3 * nrows + 0.5)
+        fig = _new_figure(4.7 * ncols, 3.3 * nrows + 0.5)
         for idx, m in enumerate(ms):
             ax = fig.add_subplot(nrows, ncols, idx + 1)
             xs, ys, grid, failed = _grid(df, x_key, y_key, m)
             _heatmap(ax, fig, xs, ys, grid, failed, param_label(x_key, unit), param_label(y_key, unit),
-                     metric_label(m, k, unit=True), fontsize=7.5, digits=2)
+                     metric_label(m, k, unit=True), fontsize=7.5, digits=2, reverse=MI.lower_is_better(m))
             ax.set_title(metric_label(m, k), fontsize=9.5)
-        fig.suptitle(f"Grid sweep: every metric (mean over questions){over}", fontsize=11)
+        note = f"; {MI.LOWER_NOTE} (its colours reversed: brighter is better)" if any(map(MI.lower_is_better, ms)) else ""
+        fig.suptitle(f"Grid sweep: every metric (mean over questions){over}{note}", fontsize=11)
         paths += save(fig, out_dir, "grid_heatmap_metrics", formats)
     return paths
 

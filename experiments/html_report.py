@@ -146,13 +146,18 @@ def context_limit(lengths: list[int], max_chars: int, budget: int = TEXT_BUDGET_
 
 
 def source_label(doc_id: str | None) -> str:
+    """'pmid:123' -> 'PubMed PMID 123', 'man:fcntl.2' -> 'man page fcntl(2)', 'torch:x.y' ->
+    'PyTorch x.y': the names rag.context.source_label gives v4's context labels (a test keeps the
+    two in step), without importing the pipeline (and FAISS) into the report."""
     if not doc_id:
         return ""
-    try:
-        from rag.context import source_label as label
-    except Exception:  # noqa: BLE001 - a display nicety; the raw id is the fallback
+    kind, _, rest = str(doc_id).partition(":")
+    if not rest:
         return str(doc_id)
-    return label(str(doc_id))
+    if kind == "man":
+        name, _, section = rest.rpartition(".")
+        return f"man page {name}({section})" if name else f"man page {rest}"
+    return {"pmid": "PubMed PMID ", "torch": "PyTorch ", "torchdoc": "PyTorch docs "}.get(kind, f"{kind}:") + rest
 
 
 class Strings:
@@ -277,7 +282,7 @@ def question_data(rep: Report, records: list[RunRecord], max_chars: int,
 _XML_PROLOG = re.compile(r"<\?xml.*?\?>\s*|<!DOCTYPE.*?>\s*|<metadata>.*?</metadata>\s*", re.S)
 _ID = re.compile(r'\bid="([^"]+)"')
 _SIZE = re.compile(r'(<svg\b[^>]*?)\s+width="[^"]*"\s+height="[^"]*"', re.S)
-_EXTERNAL = re.compile(r'(?:href|src)\s*=\s*"(?!#)|url\((?!#)|@import', re.I)
+_EXTERNAL = re.compile(r'(?:href|src)\s*=\s*"(?!#|data:)|url\((?!#|data:)|@import', re.I)  # heatmaps are data: PNGs
 
 
 def inline_svg(svg: str, prefix: str) -> str:
@@ -357,6 +362,27 @@ def _result_rows(rep: Report) -> list[dict[str, Any]]:
     return rows
 
 
+def corpus_rows(rep: Report, metrics: list[str]) -> list[dict[str, Any]]:
+    """Mean [95% CI] of each headline metric per question corpus and run (from metrics.json)."""
+    bc = rep.by_corpus
+    if bc.empty:
+        return []
+    idx = bc.set_index(["corpus", "run", "metric"])
+    rows = []
+    for corpus in dict.fromkeys(bc["corpus"]):
+        for run in dict.fromkeys(bc["run"]):
+            cells = []
+            for m in metrics:
+                if (corpus, run, m) in idx.index:
+                    r = idx.loc[(corpus, run, m)]
+                    cells.append(f"{MI.fmt(m, r['mean'])} [{MI.fmt(m, r['ci_low'])}, {MI.fmt(m, r['ci_high'])}]")
+                else:
+                    cells.append("")
+            n = bc[(bc["corpus"] == corpus) & (bc["run"] == run)]["n"]
+            rows.append({"corpus": corpus, "run": run, "n": int(n.max()) if len(n) else 0, "cells": cells})
+    return rows
+
+
 def _p(p: Any) -> str:
     if p is None or (isinstance(p, float) and math.isnan(p)):
         return "–"
@@ -413,6 +439,7 @@ def render_html(rep: Report, records: list[RunRecord]) -> str:
         mde_alpha=f"{rep.alpha:g}/{max(rep.n_tests, 1)}", method=method_note(rep) if rep.n_tests else "",
         charts=chart_svgs(rep), runs=[str(x) for x in rep.frame["label"]] if not rep.frame.empty else [],
         config=config_rows(records), objective=MI.label(rep.objective, k), varying=rep.varying,
+        corpus_metrics=[MI.label(m, k) for m in rep.headline()], corpus_rows=corpus_rows(rep, rep.headline()),
         best=None if best is None else {"label": best["label"], "value": MI.fmt(rep.objective, best[rep.objective])},
         n_questions=len(qdata["questions"]), context_limit=qdata["context_limit"], lower_note=MI.LOWER_NOTE,
         data_json=payload, css=(TEMPLATES / "report.css").read_text(encoding="utf-8"),
@@ -440,7 +467,8 @@ def write_run_report(run_dir: Path, max_context_chars: int = 1200) -> Path | Non
         records = [r for r in load_records([run_dir]) if r.path.resolve() == run_dir.resolve()]
         if not records or not records[0].ok:
             return None
-        settings = ReportSettings(title=f"Run {records[0].variant}: {run_dir.name}", formats=("svg",),
+        # No charts: a run's page must stay cheap (no matplotlib), its tables carry the numbers.
+        settings = ReportSettings(title=f"Run {records[0].variant}: {run_dir.name}", charts=False,
                                   max_context_chars=max_context_chars)
         rep = analyze(records, run_dir, settings, source=f"Run directory: `{run_dir}`")
         return write_html(rep, records, run_dir / "report.html")

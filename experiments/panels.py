@@ -12,14 +12,16 @@ import math
 import textwrap
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from experiments import metric_info as MI
 from experiments.charts import FORMATS, HATCHES, _gray_shades, _n_questions, _new_figure, _yerr, metric_label, save
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _panel_grid(fig: Figure, n: int, ncols: int) -> list[Any]:

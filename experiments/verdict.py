@@ -25,8 +25,8 @@ POWER = 0.8
 # The terminal's headline: the objective first, then these when the runs report them.
 HEADLINE = ("mrr_id", "hit_at_k_id", "recall_at_k", "mrr", "ndcg_at_k", "answer_gt", "hallucination")
 MAX_HEADLINE = 6
-MAX_RUNS_IN_WORDS = 6
-MAX_METRICS_IN_WORDS = 4
+MAX_RUNS_IN_WORDS = 3
+MAX_METRICS_IN_WORDS = 3
 WIDTH = 100
 
 
@@ -141,7 +141,8 @@ def _diff_words(m: str, r: Mapping[str, Any], k: Any) -> str:
 
 def _listing(items: list[str]) -> str:
     if len(items) > MAX_METRICS_IN_WORDS:
-        items = items[:MAX_METRICS_IN_WORDS] + [f"{len(items) - MAX_METRICS_IN_WORDS} more metrics"]
+        more = len(items) - MAX_METRICS_IN_WORDS
+        items = items[:MAX_METRICS_IN_WORDS] + [f"{more} more metric{'s' if more > 1 else ''}"]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
@@ -180,10 +181,14 @@ def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any,
     sig = t[t["significant"]]
     sentences = [f"Against the baseline {baseline}, over {_n_words(t)}:"]
     clauses = []
+    # The runs that gain most on the objective first, then those with the most differences.
+    gain = {r: float(x["diff"]) * (-1 if MI.lower_is_better(objective) else 1)
+            for r, x in sig[sig["metric"] == objective].set_index("label").iterrows()}
     ordered = [r for r in runs if r in set(sig["label"])]
-    ordered.sort(key=lambda r: -int((sig["label"] == r).sum()))
+    ordered.sort(key=lambda r: (-gain.get(r, float("-inf")), -int((sig["label"] == r).sum())))
     for run in ordered[:MAX_RUNS_IN_WORDS]:
         cells = sig[sig["label"] == run]
+        cells = cells.iloc[np.argsort((cells["metric"] != objective).to_numpy(), kind="stable")]
         wins = [_diff_words(r["metric"], r, k) for _, r in cells[cells["better"]].iterrows()]
         losses = [_diff_words(r["metric"], r, k) for _, r in cells[~cells["better"]].iterrows()]
         parts = []
@@ -251,7 +256,7 @@ def headline_table(frame: pd.DataFrame, cmp: Comparison, metrics: list[str], bas
     if not cmp.table.empty:
         markers = {(str(r["label"]), r["metric"]): r["marker"] for _, r in cmp.table.iterrows()}
     labels = [str(x) + (" (baseline)" if str(x) == baseline else "") for x in frame["label"]]
-    first_w = min(max([len(x) for x in labels] + [3]), 32)
+    first_w = min(max([len(x) for x in labels] + [3]), 40)
     cells = {m: [] for m in metrics}
     for (_, row), lab in zip(frame.iterrows(), labels):
         for m in metrics:

@@ -75,6 +75,13 @@ def test_match_span_picks_the_sentence_that_shares_the_truths_words():
     assert "large file offsets flock structure" in run_on[s:e] and len(run_on[s:e].split()) <= H.WINDOW_WORDS
 
 
+def test_sources_are_named_as_the_context_labels_name_them():
+    from rag.context import source_label
+
+    for doc_id in ("pmid:123", "man:fcntl.2", "man:x", "torch:torch.nn.Module", "torchdoc:notes/amp", "other:1", "plain"):
+        assert H.source_label(doc_id) == source_label(doc_id), doc_id
+
+
 def test_cut_keeps_the_span_and_its_offsets():
     span = H.match_span(CHUNK, H.content_words(TRUTH))
     text, s, e = H.cut(CHUNK, span, 80)
