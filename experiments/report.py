@@ -239,10 +239,11 @@ def _md_row(cells: list[str]) -> str:
 
 
 def best_run(rep: Report) -> pd.Series | None:
-    """The successful run with the best objective, in the objective's direction."""
+    """The successful run with the best objective, in the objective's direction (None for fewer
+    than two)."""
     ok = rep.frame[rep.frame["status"] == "ok"]
-    if ok.empty or rep.objective not in ok or not ok[rep.objective].notna().any():
-        return None
+    if len(ok) < 2 or rep.objective not in ok or not ok[rep.objective].notna().any():
+        return None  # a single run is not "best" of anything
     return ok.loc[ok[rep.objective].idxmin() if MI.lower_is_better(rep.objective) else ok[rep.objective].idxmax()]
 
 
@@ -285,7 +286,8 @@ def summary_markdown(rep: Report, k: Any, source: str) -> str:
     best = best_run(rep)
     if best is not None:
         o = rep.objective
-        lines.append(f"Best: **{best['label']}** (job {best['job']}): {C.metric_label(o, k)} = "
+        job = f" (job {best['job']})" if str(best["job"]) != "" else ""
+        lines.append(f"Best: **{best['label']}**{job}: {C.metric_label(o, k)} = "
                      f"{_cell(best, o, '')}.")
         lines.append("")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -166,6 +167,17 @@ def synthetic_runs(root: Path, questions: int = 1000, runs: int = 4, contexts: i
     return dirs
 
 
+# Times (ms) of what a user does next: filter by text, sort a column, open a question.
+INTERACTION_JS = """
+const t = () => performance.now(), out = {};
+let s = t(); const f = document.getElementById('f-text'); f.value = 'e'; f.dispatchEvent(new Event('input'));
+out.filter_ms = t() - s; f.value = ''; f.dispatchEvent(new Event('input'));
+s = t(); document.querySelectorAll('#qtable thead th')[3].click(); out.sort_ms = t() - s;
+s = t(); document.querySelector('#qtable tbody tr').click(); out.open_question_ms = t() - s;
+return out;
+"""
+
+
 def measure(path: Path, loads: int = 5) -> dict[str, Any]:
     """Size, load times (median of `loads`, each in a fresh page) and external requests."""
     with tempfile.TemporaryDirectory(prefix="ragrig-chromium-") as profile:
@@ -178,10 +190,13 @@ def measure(path: Path, loads: int = 5) -> dict[str, Any]:
                 times.append(load(driver, path))
                 ext += external(requests_made(driver))
             rows = driver.execute_script("return document.querySelectorAll('#qtable tbody tr').length")
+            interaction = driver.execute_script(INTERACTION_JS)
+            version = driver.capabilities.get("browserVersion", "")
         finally:
             driver.quit()
     return {"bytes": Path(path).stat().st_size, "load_ms": times, "load_ms_median": statistics.median(times),
-            "rows": rows, "external_requests": ext}
+            "rows": rows, **interaction, "external_requests": ext, "chromium": version,
+            "loadavg_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
 
 
 def scale(out: Path, questions: int, runs: int, contexts: int) -> dict[str, Any]:

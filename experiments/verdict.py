@@ -167,6 +167,10 @@ def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any,
     t = cmp.table
     if baseline is None:
         return "No successful run: nothing to compare."
+    if t.empty and runs:
+        return (f"No comparison: {baseline} and {_listing(list(runs))} share no question with a per-question value "
+                "(per_question.jsonl missing or disjoint question sets), so they cannot be compared question by "
+                "question.")
     if t.empty:
         head = f"One run ({baseline})"
         if single:

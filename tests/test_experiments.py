@@ -375,6 +375,12 @@ def test_comparisons_use_shared_questions_only_and_say_so(tmp_path):
     assert row["diff"] == pytest.approx(0.2)
     assert "over 50 shared questions" in rep.verdict and "v2 has 50 and v1 60" in rep.verdict
 
+    write_run(tmp_path / "v3", variant="v3", overrides=["+version=v3"], values={"mrr": [0.5] * 5},
+              ids=[f"other{i}" for i in range(5)])
+    rep = build_report(load_records([tmp_path / "v1", tmp_path / "v3"]), tmp_path / "out2",
+                       ReportSettings(charts=False, html=False))
+    assert rep.comparison.empty and rep.verdict.startswith("No comparison: v1 and v3 share no question")
+
 
 def test_single_run_verdict_gives_the_detectable_difference(tmp_path):
     rng = np.random.default_rng(1)
