@@ -88,11 +88,12 @@ def external(urls: list[str]) -> list[str]:
     return [u for u in urls if not u.startswith(LOCAL_SCHEMES)]
 
 
-def load(driver: Any, path: Path, timeout: float = 60.0) -> float:
-    """Opens the report and waits for its ready flag; returns navigation start to ready, in ms."""
+def load(driver: Any, path: Path, timeout: float = 60.0, fragment: str = "") -> float:
+    """Opens the report (at `#fragment`, e.g. q=<id> to open a question) and waits for its ready
+    flag; returns navigation start to ready, in ms."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver.get(Path(path).resolve().as_uri())
+    driver.get(Path(path).resolve().as_uri() + (f"#{fragment}" if fragment else ""))
     WebDriverWait(driver, timeout).until(
         lambda d: d.execute_script("return document.documentElement.getAttribute('data-ready') === '1'"))
     return float(driver.execute_script("return window.reportReadyMs"))
@@ -219,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.report_check", description=__doc__.splitlines()[0])
     ap.add_argument("report", nargs="?", type=Path, help="a report.html to open and measure")
     ap.add_argument("--screenshot", type=Path, help="save a screenshot of the opened report")
+    ap.add_argument("--question", help="with --screenshot: open this question id first")
+    ap.add_argument("--size", default="1500x1000", help="with --screenshot: window size WIDTHxHEIGHT")
     ap.add_argument("--synthetic", help="QUESTIONSxRUNSxCONTEXTS, e.g. 1000x4x20: build and measure a synthetic report")
     ap.add_argument("--out", type=Path, default=Path("outputs/report_scale"))
     args = ap.parse_args(argv)
@@ -235,10 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     res = measure(args.report)
     if args.screenshot:
+        w, h = (int(x) for x in args.size.lower().split("x"))
         with tempfile.TemporaryDirectory(prefix="ragrig-chromium-") as profile:
-            driver = make_driver(Path(profile))
+            driver = make_driver(Path(profile), w, h)
             try:
-                load(driver, args.report)
+                load(driver, args.report, fragment=f"q={args.question}" if args.question else "")
                 driver.save_screenshot(str(args.screenshot))
             finally:
                 driver.quit()

@@ -182,8 +182,8 @@
     state.open = i;
     $("d-title").textContent = q.id + " · " + q.c;
     var src = q.sid ? "<p>Source: <b>" + esc(q.s) + "</b> <small>(" + esc(q.sid) + ")</small></p>" : "";
-    $("d-body").innerHTML = '<div class="qhead"><p class="qtext">' + esc(q.q) + '</p><div class="truth"><b>Ground truth.</b> ' +
-      esc(q.g) + "</div>" + src + metricsTable(q) + "</div>" +
+    $("d-body").innerHTML = '<div class="qhead"><div class="qinfo"><p class="qtext">' + esc(q.q) +
+      '</p><div class="truth"><b>Ground truth.</b> ' + esc(q.g) + "</div>" + src + "</div>" + metricsTable(q) + "</div>" +
       '<div class="runs" style="grid-template-columns: repeat(' + R.length + ', minmax(320px, 1fr))">' +
       R.map(function (_, r) { return runHtml(q, r); }).join("") + "</div>";
     $("detail").hidden = false;
