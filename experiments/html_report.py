@@ -21,6 +21,7 @@ import html
 import json
 import logging
 import math
+import os
 import re
 import tempfile
 import time
@@ -453,6 +454,9 @@ def write_html(rep: Report, records: list[RunRecord], path: Path) -> Path:
 
     path = Path(path)
     atomic_write_text(path, render_html(rep, records))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)  # a page to share: readable like any file the user creates
     return path
 
 

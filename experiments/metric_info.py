@@ -145,3 +145,15 @@ def fmt(name: str, value: Any, signed: bool = False) -> str:
         return "–"
     d = info(name).decimals
     return f"{float(value):+.{d}f}" if signed else f"{float(value):.{d}f}"
+
+
+def fmt_unit(name: str, value: Any, signed: bool = False, seconds: bool | None = None) -> str:
+    """`fmt` with the metric's unit where it has one worth printing: latency in ms, or in s from
+    1000 ms (`seconds` forces one scale, e.g. for a difference and its CI together). A no-break
+    space keeps number and unit on one line."""
+    if name != LATENCY or value is None or (isinstance(value, float) and math.isnan(value)):
+        return fmt(name, value, signed)
+    v = float(value)
+    if seconds if seconds is not None else abs(v) >= 1000:
+        return (f"{v / 1000:+.2f}" if signed else f"{v / 1000:.2f}") + "\u00a0s"
+    return f"{fmt(name, v, signed)}\u00a0ms"

@@ -134,9 +134,9 @@ def mde_table(table: Any, baseline: RunRecord | None, metrics: list[str], alpha:
 
 
 def _diff_words(m: str, r: Mapping[str, Any], k: Any) -> str:
-    unit = " ms" if m == MI.LATENCY else ""
-    return (f"{MI.label(m, k)} by {MI.fmt(m, r['diff'], True)}{unit} "
-            f"[{MI.fmt(m, r['ci_low'], True)}, {MI.fmt(m, r['ci_high'], True)}]")
+    sec = abs(float(r["diff"])) >= 1000  # one scale for the difference and its interval
+    return (f"{MI.label(m, k)} by {MI.fmt_unit(m, r['diff'], True, sec)} "
+            f"[{MI.fmt_unit(m, r['ci_low'], True, sec)}, {MI.fmt_unit(m, r['ci_high'], True, sec)}]")
 
 
 def _listing(items: list[str]) -> str:
@@ -155,8 +155,7 @@ def mde_words(mde: pd.DataFrame, k: Any, metrics: list[str] | None = None) -> st
     rows = mde[mde["mde"].notna()] if not mde.empty else mde
     if metrics is not None and not rows.empty:
         rows = rows[rows["metric"].isin(metrics)]
-    parts = [f"{MI.label(r['metric'], k)} {MI.fmt(r['metric'], r['mde'])}"
-             + (" ms" if r["metric"] == MI.LATENCY else "") for _, r in rows.iterrows()]
+    parts = [f"{MI.label(r['metric'], k)} {MI.fmt_unit(r['metric'], r['mde'])}" for _, r in rows.iterrows()]
     return "; ".join(parts)
 
 
@@ -223,6 +222,12 @@ def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any,
         sentences.append(f"{rest}: {words}.")
     elif clauses:
         sentences.append("Nothing else differs.")
+    absent = [m for m in cmp.mde["metric"] if m not in set(t["metric"])] if not cmp.mde.empty else []
+    if absent:
+        names = ", ".join(MI.label(m, k) for m in absent)
+        no_base = cmp.mde.set_index("metric").loc[absent, "n"].eq(0).all()
+        sentences.append(f"Not compared: {names} ({baseline} has no values of them)." if no_base else
+                         f"Not compared: {names} (no run shares values of them with {baseline}).")
     short = t[(t["n"] < t["n_run"]) | (t["n"] < t["n_baseline"])]
     if not short.empty:
         r = short.iloc[0]
