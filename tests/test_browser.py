@@ -71,7 +71,8 @@ def test_report_opens_offline_with_verdict_and_every_question(sweep, driver, tmp
     open_report(driver, sweep / "report.html")
     verdict = driver.find_element("id", "verdict-text").text
     md = (sweep / "summary.md").read_text()
-    assert verdict and verdict in md.replace("\n", " ")  # the same words as the summary's verdict
+    # the same words as the summary's verdict (WebDriver reads no-break spaces as spaces)
+    assert verdict and verdict in md.replace("\n", " ").replace("\u00a0", " ")
     assert verdict.startswith("Against the baseline v1")
     assert len(visible_rows(driver)) == len(TINY_QA)
     assert driver.find_element("id", "count").text == f"showing {len(TINY_QA)} of {len(TINY_QA)} questions"

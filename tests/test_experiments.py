@@ -345,7 +345,7 @@ def test_verdict_corrects_for_every_cell_and_reads_lower_is_better_metrics(tmp_p
     words = rep.verdict.replace("\u00a0", " ")  # numbers keep their unit with a no-break space
     assert words.startswith(f"Against the baseline v1, over {n} shared questions:")
     assert "v2 beats v1 on MRR by +0.1" in words and "hallucination rate ↓ by -0.300" in words
-    assert ", but loses on latency per question ↓ by +50.0 ms" in words
+    assert ", but loses on retrieval latency ↓ by +50.0 ms" in words
     assert "significant after Holm's correction over 12 comparisons" in words
     assert "Nothing else differs" in words and "recall@5 0." in words  # what would have been detectable
     assert "v3" not in words and "v4" not in words
