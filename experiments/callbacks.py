@@ -1,8 +1,9 @@
 """Hydra callbacks (registered in conf/config.yaml under `hydra.callbacks`).
 
 `SweepSummaryCallback.on_multirun_end` runs once, in the launching process, after every job of a
-multirun (basic, joblib or Optuna): it writes summary.csv, comparison.csv, summary.md and charts/
-into the sweep directory (see experiments.report). It also opens and closes the tracker's parent
+multirun (basic, joblib or Optuna): it writes summary.csv, comparison.csv, summary.md, charts/ and
+report.html into the sweep directory (see experiments.report), and prints the verdict, the
+headline table and where those files are: the multirun's last words on the terminal. It also opens and closes the tracker's parent
 run for the sweep when tracking is on. It is imported for every run, so it imports nothing heavy
 until a multirun ends.
 
@@ -49,9 +50,9 @@ def _tracker(config: DictConfig) -> Any:
 
 class SweepSummaryCallback(Callback):
     def __init__(self, enabled: bool = True, baseline: str | None = None, formats: Any = ("png", "svg"),
-                 charts: bool = True) -> None:
+                 charts: bool = True, html: bool = True) -> None:
         self.enabled = enabled
-        self.defaults = {"baseline": baseline, "formats": list(formats), "charts": charts}
+        self.defaults = {"baseline": baseline, "formats": list(formats), "charts": charts, "html": html}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from rag.rundir import write_sweep_stamp
@@ -101,11 +102,14 @@ def write_sweep_summary(sweep_dir: Path, settings: dict[str, Any] | None = None)
             resamples=s.get("resamples"),
             seed=s.get("seed"),
             title=f"Sweep summary: {sweep_dir.name}",
+            html=bool(s.get("html", True)),
+            **({"max_context_chars": int(s["max_context_chars"])} if s.get("max_context_chars") else {}),
         )
         rep = build_report(records, sweep_dir, rs, source=f"Sweep directory: `{sweep_dir}`")
         n_failed = int((rep.frame["status"] != "ok").sum())
         log.info("sweep summary: %d jobs (%d failed) -> %s", len(rep.frame), n_failed, sweep_dir / "summary.md")
-        print(f"sweep summary: {len(rep.frame)} jobs ({n_failed} failed): {sweep_dir / 'summary.md'}")
+        print(f"sweep summary: {len(rep.frame)} jobs ({n_failed} failed)")
+        print(rep.terminal(), flush=True)
         return rep.files
     except Exception:
         log.exception("sweep summary failed for %s", sweep_dir)

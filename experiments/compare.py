@@ -4,8 +4,9 @@
 
 A RUN_DIR is any directory holding metrics.json (a run), a sweep directory, or any parent of
 runs (e.g. outputs/runs or outputs/multirun/2025-01-31): every run below it is included, runs
-from different days and sweeps mixed freely. Writes summary.csv, comparison.csv, summary.md and
-charts/ into --out (default: a new directory outputs/compare/<timestamp>).
+from different days and sweeps mixed freely. Writes summary.csv, comparison.csv, summary.md,
+charts/ and report.html into --out (default: a new directory outputs/compare/<timestamp>), and
+prints the verdict, the headline table and the paths.
 """
 from __future__ import annotations
 
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="paired-bootstrap resamples (default: the baseline run's eval.bootstrap.resamples)")
     parser.add_argument("--seed", type=seed_int, default=None, help="paired-bootstrap seed (default: the baseline run's)")
     parser.add_argument("--title", default="Run comparison")
+    parser.add_argument("--no-html", action="store_true", help="no report.html")
+    parser.add_argument("--max-context-chars", type=int, default=1200,
+                        help="report.html: longest context text kept, around its matching span (default: 1200)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -128,6 +132,8 @@ def compare(args: argparse.Namespace) -> int:
         resamples=args.resamples,
         seed=args.seed,
         title=args.title,
+        html=not args.no_html,
+        max_context_chars=args.max_context_chars,
     )
     source = "Runs: " + ", ".join(f"`{p}`" for p in args.runs)
     try:
@@ -144,6 +150,7 @@ def compare(args: argparse.Namespace) -> int:
     print(f"{len(rep.frame)} runs ({n_failed} failed), baseline {rep.baseline}")
     for f in files:
         print(f"  {f}")
+    print(rep.terminal())
     return 0
 
 

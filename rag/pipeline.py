@@ -239,7 +239,25 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         "config": _container(cfg),
     }
     write_results(output_dir, result, records)
+    write_report(cfg, output_dir)
     return result
+
+
+def write_report(cfg: DictConfig, output_dir: Path) -> None:
+    """report.html next to metrics.json: after the results, so a report problem (logged by
+    write_run_report, never raised) cannot cost them. `report.html=false` turns it off."""
+    node = cfg.get("report")
+    if node is not None and not node.get("html", True):
+        return
+    try:
+        from experiments.html_report import write_run_report
+    except Exception as e:  # noqa: BLE001 - e.g. jinja2 missing: the results stand without the page
+        log.warning("report.html skipped (%s: %s)", type(e).__name__, e)
+        return
+    limit = node.get("max_context_chars") if node is not None else None
+    path = write_run_report(output_dir, **({"max_context_chars": int(limit)} if limit else {}))
+    if path is not None:
+        log.info("report: %s", path)
 
 
 def check_document_sizes(docs: list[Document], max_chars: int | None) -> None:

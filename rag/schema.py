@@ -219,6 +219,8 @@ RULES: dict[str, Check] = {
     "report.formats": strings(choices=CHART_FORMATS),
     "report.charts": boolean,
     "report.fail_on": string(choices=("all", "any", "never")),
+    "report.html": boolean,
+    "report.max_context_chars": integer(1),
 }
 
 
