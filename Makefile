@@ -1,11 +1,11 @@
-# ragrig: `make demo` installs everything and runs v1 and v2 on the embedded default slice;
+# ragrig: `make demo` installs everything and compares v1..v4 on the embedded default slice;
 # `make test` runs the default test suite.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup demo test test-slow test-crash test-distributed test-scale test-gpu test-all bench data clean
+.PHONY: setup demo test test-slow test-crash test-distributed test-scale test-gpu test-browser test-all bench data clean
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# v1..v4 on the embedded default slice as one multirun (conf/sweep/demo.yaml); it ends by printing
+# the verdict against v1 and where the summary, charts and report were written.
 demo: setup
-	$(PYTHON) run.py +version=v1
-	$(PYTHON) run.py +version=v2
+	$(PYTHON) run.py -m sweep=demo
 
 test: setup
 	$(PYTHON) -m pytest -q
@@ -56,8 +57,19 @@ test-gpu: setup
 	$(PIP) install --quiet -e ".[gpu]"
 	$(PYTHON) -m pytest -q -s -m gpu
 
+# report.html opened in headless Chromium (tests/test_browser.py, marker browser): installs
+# Debian's chromium and chromium-driver when missing (as root, with apt-get) and the browser extra
+# (selenium). CI runs this target too.
+test-browser: setup
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	    if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	    else echo "ragrig: the browser tests need Chromium: apt-get install chromium chromium-driver" >&2; exit 1; fi; fi
+	$(PIP) install --quiet -e ".[browser]"
+	$(PYTHON) -m pytest -q -m browser
+
 test-all: setup
-	$(PYTHON) -m pytest -q -m "slow or scale or distributed or crash or not slow"
+	$(PYTHON) -m pytest -q -m "slow or scale or distributed or crash or browser or not slow"
 
 # Renders/extracts the local corpora (man pages, torch docstrings) into the cache and exports
 # them as JSONL under data/corpora/, so a first run does not pay for it.

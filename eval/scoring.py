@@ -65,6 +65,8 @@ class ScoreSettings:
             v = getattr(self, name)
             if not -1.0 <= float(v) <= 1.0:
                 raise RagError(f"eval.{name} is a cosine threshold and must be in [-1, 1], got {v}")
+        if isinstance(self.bootstrap_resamples, bool) or int(self.bootstrap_resamples) < 1:
+            raise RagError(f"eval.bootstrap.resamples must be positive, got {self.bootstrap_resamples}")
         unknown = [m for m in self.metrics if m not in ALL_METRICS]
         if unknown:
             raise RagError(f"eval.metrics: unknown metric(s) {unknown}; known: {list(ALL_METRICS)}")
@@ -76,7 +78,7 @@ def score(
     chunks: list[Chunk],
     eval_embedder: Any,
     settings: ScoreSettings,
-    answers: list[str] | None = None,
+    answers: list[str | None] | None = None,
     chunk_vectors: np.ndarray | None = None,
     context_texts: list[list[str]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -119,11 +121,18 @@ def score(
         context_texts = [[chunks[r].text for r in ids[q] if r >= 0] for q in range(n_q)]
     contexts = [settings.context_separator.join(texts) for texts in context_texts]
     if answers is not None:
-        e_answer = encode_memoized(eval_embedder, answers)
-        e_context = encode_memoized(eval_embedder, contexts)
-        values["answer_gt"] = M.answer_gt_similarity(e_answer, e_truth)
-        values["grounding"] = M.grounding(e_answer, e_context)
-        values["hallucination"] = M.hallucination(values["answer_gt"], values["grounding"], settings.tau_h)
+        # Questions without an answer (None: outside the answered sample) get no answer metrics.
+        answered = [q for q, a in enumerate(answers) if a is not None]
+        for m in ANSWER_METRICS:
+            values[m] = np.full(n_q, np.nan)
+        if answered:
+            e_answer = encode_memoized(eval_embedder, [answers[q] for q in answered])
+            e_context = encode_memoized(eval_embedder, [contexts[q] for q in answered])
+            gt = M.answer_gt_similarity(e_answer, e_truth[answered])
+            grounded = M.grounding(e_answer, e_context)
+            values["answer_gt"][answered] = gt
+            values["grounding"][answered] = grounded
+            values["hallucination"][answered] = M.hallucination(gt, grounded, settings.tau_h)
 
     reported = [m for m in settings.metrics if m in values]
     records = []
@@ -148,7 +157,7 @@ def score(
                 if r >= 0
             ],
         }
-        if answers is not None:
+        if answers is not None and answers[q] is not None:
             rec["answer"] = answers[q]
         for m in reported:
             v = values[m][q]

@@ -345,7 +345,45 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args.out.mkdir(parents=True, exist_ok=True)
+    problem = _check_setup(args.out, list(args.overrides))
+    if problem:
+        print(f"bench: error: {problem}", file=sys.stderr)
+        return 2
+    done: list[str] = []
+    try:
+        results = _run_all(args, names, done)
+    except KeyboardInterrupt:
+        print(f"bench: interrupted; finished: {', '.join(done) or 'none'} (their <name>.json are complete; "
+              "results.json and bench.md were not written)", file=sys.stderr)
+        return 130
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+def _check_setup(out: Path, overrides: list[str]) -> str | None:
+    """The output directory and the overrides, checked before any benchmark spends minutes: one
+    line naming the problem, or None."""
+    from rag.config import config_error_line, is_config_error
+    from rag.schema import validate
+    from rag.types import RagError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"--out {out}: {e.strerror}"
+    try:
+        validate(BenchContext(out=out, overrides=overrides).compose())
+    except RagError as e:
+        return str(e)
+    except Exception as e:
+        if not is_config_error(e):
+            raise
+        return config_error_line(e)
+    return None
+
+
+def _run_all(args: argparse.Namespace, names: list[str], done: list[str]) -> dict[str, dict[str, Any]]:
+    from rag.cache import atomic_write_text
+
     env = _environment()
     results: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -364,14 +402,15 @@ def main(argv: list[str] | None = None) -> int:
         res["overrides"] = list(args.overrides)
         res["environment"] = env
         results[name] = res
-        (args.out / f"{name}.json").write_text(json.dumps(res, indent=2, default=str))
+        atomic_write_text(args.out / f"{name}.json", json.dumps(res, indent=2, default=str))
+        done.append(name)
         for row in res.get("table", []):
             print(f"  {row['measure']:<55} {row['value']:>10} {row.get('unit', '')}")
-    (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    (args.out / "bench.md").write_text(markdown(results, env, list(args.overrides)))
+    atomic_write_text(args.out / "results.json", json.dumps(results, indent=2, default=str))
+    atomic_write_text(args.out / "bench.md", markdown(results, env, list(args.overrides)))
     headline(args.out)
     print(f"wrote {args.out / 'bench.md'}")
-    return 1 if any("error" in r for r in results.values()) else 0
+    return results
 
 
 if __name__ == "__main__":

@@ -96,13 +96,18 @@ def measure(retriever: Any, reranker: Any, queries: list[str], filters: list[Any
 
 
 def summary(stages: dict[str, np.ndarray | None]) -> dict[str, float]:
-    """Median and 95th percentile per stage and of their per-question sum, in milliseconds."""
+    """Median and 95th percentile per stage and of their per-question sum, in milliseconds. NaN
+    marks a question a stage did not time (e.g. not in the answered sample): it is left out of
+    that stage, and the total covers the questions every reported stage timed."""
     out: dict[str, float] = {}
-    present = {k: v for k, v in stages.items() if v is not None and len(v)}
+    present = {k: np.asarray(v, float) for k, v in stages.items() if v is not None and np.any(~np.isnan(v))}
     if not present:
         return out
     total = sum(present.values())
     for name, ms in {**present, "total": total}.items():
+        ms = ms[~np.isnan(ms)]
+        if len(ms) == 0:
+            continue
         out[f"{name}_ms_median"] = round(float(np.median(ms)), 3)
         out[f"{name}_ms_p95"] = round(float(np.percentile(ms, 95)), 3)
     return out

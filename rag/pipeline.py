@@ -25,9 +25,13 @@ from eval.scoring import ANSWER_METRICS, ScoreSettings, score
 from rag import latency
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache, atomic_write_text, make_key
+from rag.chunking.token import TokenChunker
 from rag.context import ContextBuilder
-from rag.documents import check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions
+from rag.documents import (
+    answer_subset, check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions,
+)
 from rag.generation import NoGenerator
+from rag.schema import validate
 from rag.timing import StageTimer
 from rag.types import Chunk, Context, Document, Hits, QAItem, RagError
 
@@ -143,7 +147,11 @@ class Session:
         return max(self.settings.k, int(getattr(self.reranker, "top_n", 0) or 0))
 
 
-def open_session(cfg: DictConfig) -> Session:
+def open_session(cfg: DictConfig, askers: list[tuple[str, str | None, str | None]] = ()) -> Session:
+    """`askers`: more (who, corpus tag, answer document) whose source filters are checked with the
+    questions', before any model loads (rag.ask's --corpus)."""
+    # Every value's type and range first: a bad one is one line naming it, before anything loads.
+    validate(cfg)
     timer = StageTimer()
     # A relative cache path means the directory the command was started in, also for a job that
     # a launcher runs in another directory or on another node (Hydra carries that directory along).
@@ -169,12 +177,15 @@ def open_session(cfg: DictConfig) -> Session:
     context_builder = ContextBuilder(**_container(cfg.context))
     latency_settings = latency.LatencySettings.from_config(_container(cfg.eval.get("latency")))
     check_objective(cfg.objective, settings, generator)
+    if isinstance(chunker, TokenChunker):
+        chunker.check_fits(str(cfg.embedder.model), cfg.embedder.get("max_seq_length"))
 
     with timer.stage("corpus"):
         all_docs, skipped, all_qa = load_inputs(corpus, questions, cache)
         qa = slice_questions(all_qa, cfg.slice.questions_per_corpus, cfg.slice.seed)
         docs = slice_documents(all_docs, qa, cfg.slice.docs_per_source, cfg.slice.seed)
         check_document_sizes(docs, cfg.max_doc_chars)
+        retriever.check_filters([(f"question {q.id!r}", q.corpus, q.source) for q in qa] + list(askers), docs)
 
     with timer.stage("chunk"):
         chunk_set, chunks_hit = build_chunks(chunker, _container(cfg.chunker), docs, cache)
@@ -224,7 +235,16 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
                                                        chunk_set.chunks, k, session.latency)
 
     contexts = session.context_builder.build(hits, chunk_set)
-    answers, generate_ms, answers_hit = generate_cached(session.generator, queries, contexts, cache, timer)
+    answered = answer_subset(qa, cfg.slice.get("answer_questions_per_corpus"), cfg.slice.seed)
+    sub_answers, sub_ms, answers_hit = generate_cached(
+        session.generator, [queries[i] for i in answered], [contexts[i] for i in answered], cache, timer
+    )
+    answers: list[str | None] | None = None
+    generate_ms: np.ndarray | None = None
+    if sub_answers is not None:
+        answers, generate_ms = [None] * len(qa), np.full(len(qa), np.nan)
+        for j, i in enumerate(answered):
+            answers[i], generate_ms[i] = sub_answers[j], sub_ms[j]
     if answers_hit is not None:
         artifacts.record["answers"] = {"key": answers_hit[0], "hit": answers_hit[1]}
         if answers_hit[1]:  # timed by the run that generated them, not by this one
@@ -243,7 +263,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         rec["latency_ms"] = {}
         if q in sampled:
             rec["latency_ms"] = {s: round(float(lat_ms[s][sampled[q]]), 3) for s in ("retrieve", "rerank")}
-        if generate_ms is not None:
+        if generate_ms is not None and not np.isnan(generate_ms[q]):
             rec["latency_ms"]["generate"] = round(float(generate_ms[q]), 3)
         rec["contexts"] = [{"label": c.label, "text": c.text} for c in contexts[q]]
 
@@ -259,6 +279,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
             "documents_in_full_corpus": session.n_docs_total,
             "chunks": len(chunk_set),
             "questions": len(qa),
+            "answered_questions": 0 if answers is None else len(answered),
             "skipped_inputs": len(session.skipped),
         },
         "latency": latency_summary(lat_rows, lat_ms, generate_ms),
@@ -268,6 +289,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         "config": _container(cfg),
     }
     write_results(output_dir, result, records)
+    write_report(cfg, output_dir)
     return result
 
 
@@ -291,6 +313,23 @@ def eval_chunk_vectors(session: Session) -> np.ndarray | None:
     if same and cache.lookup("vectors", artifacts.vectors_key(emb)) is not None:
         return artifacts.vectors(emb)
     return None
+
+
+def write_report(cfg: DictConfig, output_dir: Path) -> None:
+    """report.html next to metrics.json: after the results, so a report problem (logged by
+    write_run_report, never raised) cannot cost them. `report.html=false` turns it off."""
+    node = cfg.get("report")
+    if node is not None and not node.get("html", True):
+        return
+    try:
+        from experiments.html_report import write_run_report
+    except Exception as e:  # noqa: BLE001 - e.g. jinja2 missing: the results stand without the page
+        log.warning("report.html skipped (%s: %s)", type(e).__name__, e)
+        return
+    limit = node.get("max_context_chars") if node is not None else None
+    path = write_run_report(output_dir, **({"max_context_chars": int(limit)} if limit else {}))
+    if path is not None:
+        log.info("report: %s", path)
 
 
 def check_document_sizes(docs: list[Document], max_chars: int | None) -> None:
@@ -357,7 +396,8 @@ def generate_cached(
 
 def latency_summary(rows: np.ndarray, measured: dict[str, np.ndarray], generate_ms: np.ndarray | None) -> dict[str, float]:
     """Median and 95th percentile per question and stage, in milliseconds: retrieve and rerank
-    over the sampled questions, generate over every question, total over the sampled ones."""
+    over the sampled questions, generate over every answered question, total over the sampled ones
+    (answered ones, when answers cover a sample of the questions)."""
     stages = dict(measured)
     if generate_ms is not None:
         stages["generate"] = generate_ms[rows]
@@ -368,15 +408,24 @@ def latency_summary(rows: np.ndarray, measured: dict[str, np.ndarray], generate_
 
 
 def write_results(output_dir: Path, result: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    """Results are written whole or not at all (temporary file, then rename); metrics.json goes
-    last, so its presence marks a finished run."""
+    """Results are written whole or not at all: each file to a temporary name and renamed,
+    metrics.json last (its presence marks a finished run), and if anything fails or is interrupted
+    (Ctrl-C) on the way, the files already written by this call are removed again."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(
-        output_dir / "per_question.jsonl",
-        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
-    )
-    atomic_write_text(output_dir / "config_resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(result["config"])))
-    atomic_write_text(output_dir / "metrics.json", json.dumps(result, indent=2, default=_json_default))
+    files = {
+        "per_question.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+        "config_resolved.yaml": OmegaConf.to_yaml(OmegaConf.create(result["config"])),
+        "metrics.json": json.dumps(result, indent=2, default=_json_default),
+    }
+    written: list[Path] = []
+    try:
+        for name, text in files.items():
+            atomic_write_text(output_dir / name, text)
+            written.append(output_dir / name)
+    except BaseException:
+        for p in written:
+            p.unlink(missing_ok=True)
+        raise
 
 
 def _json_default(o: Any) -> Any:

@@ -24,7 +24,7 @@ from rag.bm25 import BM25Index
 from rag.embedding import SentenceTransformerEmbedder
 from rag.fusion import Fusion
 from rag.index import VectorIndex
-from rag.types import Hits, RagError
+from rag.types import Document, Hits, RagError
 
 SourceFilter = frozenset[str] | None
 
@@ -46,6 +46,14 @@ class Retriever:
     def filters_for(self, question_corpora: list[str | None]) -> list[SourceFilter]:
         f = self.source_filter
         return source_filters(f.get("mode"), f.get("groups"), f.get("sources"), question_corpora)
+
+    def check_filters(self, askers: list[tuple[str, str | None, str | None]], docs: list[Document]) -> None:
+        """Fails, naming the tag, when a question's source filter would hide every document or
+        the document that holds its answer: such a question would silently score 0. `askers` are
+        (who, corpus tag, id of the answer's document or None), e.g. ("question 'q1'", "libc", "man:fcntl.2")."""
+        f = self.source_filter
+        filters = self.filters_for([corpus for _, corpus, _ in askers])
+        check_source_filters(f.get("mode"), f.get("groups"), askers, filters, docs)
 
     def prepare(self, artifacts: Artifacts) -> "Retriever":
         self._artifacts = artifacts
@@ -235,3 +243,37 @@ def source_filters(mode: str | None, groups: Any, sources: Any, question_corpora
                 group_of[s] = frozenset(g)
         return [None if c is None else group_of.get(c, frozenset([c])) for c in question_corpora]
     raise RagError(f"retriever.source_filter.mode must be none, fixed or question, got {mode!r}")
+
+
+def check_source_filters(mode: str | None, groups: Any, askers: list[tuple[str, str | None, str | None]],
+                         filters: list[SourceFilter], docs: list[Document]) -> None:
+    """See Retriever.check_filters. Tags are compared exactly (case-sensitive), as filtering does."""
+    source_of = {d.id: d.source for d in docs}
+    source_set = set(source_of.values())
+    sources = sorted(source_set)
+    grouped = {s for g in groups or [] for s in g}
+    where = f"retriever.source_filter (mode={mode})"
+    seen: set[tuple[str | None, str | None]] = set()
+    for (who, corpus, answer_doc), allowed in zip(askers, filters):
+        if allowed is None or (corpus, answer_doc) in seen:
+            continue
+        seen.add((corpus, answer_doc))
+        if not allowed & source_set:
+            if mode == "question" and corpus not in grouped:
+                raise RagError(
+                    f"{where}: corpus tag {corpus!r} ({who}) is in no group of retriever.source_filter.groups "
+                    f"{groups} and no document has that source; document sources: {sources} (tags are case-sensitive)"
+                )
+            if mode == "fixed":
+                raise RagError(f"retriever.source_filter.sources {sorted(allowed)} matches no document's source; "
+                               f"document sources: {sources} (tags are case-sensitive)")
+            raise RagError(
+                f"{where}: {who} may only search sources {sorted(allowed)}, but no document has any of them; "
+                f"document sources: {sources} (tags are case-sensitive; groups: {groups})"
+            )
+        tag = source_of.get(answer_doc) if answer_doc is not None else None
+        if mode == "question" and tag is not None and tag not in allowed:
+            raise RagError(
+                f"{where}: {who} has corpus tag {corpus!r}, but its answer's document {answer_doc!r} has source "
+                f"{tag!r}, which its filter {sorted(allowed)} excludes (groups: {groups}; tags are case-sensitive)"
+            )
