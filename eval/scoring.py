@@ -23,10 +23,15 @@ _MEMO_SIZE = 50_000  # texts; ~1.5 KB each for a 384-d model
 _memo: "OrderedDict[tuple[str, str], np.ndarray]" = OrderedDict()
 
 
+def clear_memo() -> None:
+    _memo.clear()
+
+
 def encode_memoized(embedder: Any, texts: list[str]) -> np.ndarray:
     """The evaluation embedder's vectors, memoized per text within the process: the jobs of an
-    in-process sweep score the same ground truths and mostly the same chunks, and re-encoding
-    them was the floor of every job's cost."""
+    in-process sweep score the same ground truths, mostly the same chunks, and (when only
+    retrieval settings downstream of the contexts change) the same answers and contexts, and
+    re-encoding them was the floor of every job's cost."""
     model_key = json.dumps(embedder.id, sort_keys=True, default=str)
     missing = list(dict.fromkeys(t for t in texts if (model_key, t) not in _memo))
     if missing:
@@ -63,6 +68,8 @@ class ScoreSettings:
             v = getattr(self, name)
             if not -1.0 <= float(v) <= 1.0:
                 raise RagError(f"eval.{name} is a cosine threshold and must be in [-1, 1], got {v}")
+        if isinstance(self.bootstrap_resamples, bool) or int(self.bootstrap_resamples) < 1:
+            raise RagError(f"eval.bootstrap.resamples must be positive, got {self.bootstrap_resamples}")
         unknown = [m for m in self.metrics if m not in ALL_METRICS]
         if unknown:
             raise RagError(f"eval.metrics: unknown metric(s) {unknown}; known: {list(ALL_METRICS)}")
@@ -116,8 +123,8 @@ def score(
         for m in ANSWER_METRICS:
             values[m] = np.full(n_q, np.nan)
         if answered:
-            e_answer = eval_embedder.encode([answers[q] for q in answered], show_progress=False)
-            e_context = eval_embedder.encode([contexts[q] for q in answered], show_progress=False)
+            e_answer = encode_memoized(eval_embedder, [answers[q] for q in answered])
+            e_context = encode_memoized(eval_embedder, [contexts[q] for q in answered])
             grounded = M.grounding(e_answer, e_context)
             values["grounding"][answered] = grounded
             if e_truth is not None:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,14 +24,17 @@ from tqdm.auto import tqdm
 from eval.labels import LABEL_METRICS
 from eval.scoring import ANSWER_METRICS, SIMILARITY_METRICS, ScoreSettings, score
 from eval.trec import format_qrels, format_run
+from rag import latency
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache, atomic_write_text, make_key
+from rag.chunking.token import TokenChunker
 from rag.context import ContextBuilder
 from rag.documents import (
     answer_subset, check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions,
 )
 from rag.generation import NoGenerator
 from rag.routing import routing_report
+from rag.schema import validate
 from rag.timing import StageTimer
 from rag.types import Chunk, Context, Document, Hits, QAItem, RagError
 
@@ -39,9 +43,49 @@ log = logging.getLogger(__name__)
 CHUNKS_FILE = "chunks.jsonl"
 
 
+# Parsed inputs and chunk sets, kept per process: the jobs of a sweep that Hydra's basic launcher
+# (or a benchmark) runs in one process read the same corpus, questions and chunks, and parsing
+# them was most of a warm job's fixed cost. Keys are the inputs' fingerprints (file listings,
+# sizes and mtimes, computed again by every job, so a changed file is read anew) and the chunk
+# artifact's key; a few entries, least recently used first out.
+_MEMO_ENTRIES = 4
+_inputs_memo: OrderedDict[str, tuple[list[Document], list[str], list[QAItem]]] = OrderedDict()
+_chunks_memo: OrderedDict[str, ChunkSet] = OrderedDict()
+
+
+def _remember(memo: OrderedDict, key: str, value: Any) -> Any:
+    memo[key] = value
+    memo.move_to_end(key)
+    while len(memo) > _MEMO_ENTRIES:
+        memo.popitem(last=False)
+    return value
+
+
+def clear_memos() -> None:
+    """Forget the per-process inputs and chunk sets (a benchmark's 'fresh process')."""
+    _inputs_memo.clear()
+    _chunks_memo.clear()
+
+
+def load_inputs(corpus: Any, questions: Any, cache: ArtifactCache) -> tuple[list[Document], list[str], list[QAItem]]:
+    """(all documents, skipped inputs, all questions), parsed once per process per fingerprint."""
+    key = make_key("inputs", {"corpus": corpus.fingerprint(), "qa": questions.fingerprint(), "cache": str(cache.root)})
+    if key in _inputs_memo:
+        _inputs_memo.move_to_end(key)
+        return _inputs_memo[key]
+    docs, skipped = load_corpus(corpus, cache)
+    qa = questions.load()
+    check_questions(qa, docs)
+    return _remember(_inputs_memo, key, (docs, skipped, qa))
+
+
 def build_chunks(chunker: Any, chunker_cfg: dict[str, Any], docs: list[Document], cache: ArtifactCache) -> tuple[ChunkSet, bool]:
     corpus_fp = content_fingerprint(docs)
     key = make_key("chunks", chunker_cfg, {"corpus": corpus_fp})
+    memo_key = f"{cache.root}\0{key}"
+    if memo_key in _chunks_memo and cache.lookup("chunks", key) is not None:
+        _chunks_memo.move_to_end(memo_key)
+        return _chunks_memo[memo_key], True
 
     def build(tmp: Path) -> dict[str, Any]:
         n = 0
@@ -57,7 +101,7 @@ def build_chunks(chunker: Any, chunker_cfg: dict[str, Any], docs: list[Document]
     art = cache.get_or_build("chunks", key, build, inputs={"chunker": chunker_cfg, "corpus": corpus_fp})
     with open(art.file(CHUNKS_FILE), encoding="utf-8") as f:
         chunks = [Chunk.from_json(json.loads(line)) for line in f]
-    return ChunkSet(key, chunks), art.hit
+    return _remember(_chunks_memo, memo_key, ChunkSet(key, chunks)), art.hit
 
 
 def build(node: Any) -> Any:
@@ -98,6 +142,7 @@ class Session:
     generator: Any
     eval_embedder: Any
     context_builder: ContextBuilder
+    latency: latency.LatencySettings
 
     @property
     def depth(self) -> int:
@@ -105,7 +150,11 @@ class Session:
         return max(self.settings.k, int(getattr(self.reranker, "top_n", 0) or 0))
 
 
-def open_session(cfg: DictConfig) -> Session:
+def open_session(cfg: DictConfig, askers: list[tuple[str, str | None, str | None]] = ()) -> Session:
+    """`askers`: more (who, corpus tag, answer document) whose source filters are checked with the
+    questions', before any model loads (rag.ask's --corpus)."""
+    # Every value's type and range first: a bad one is one line naming it, before anything loads.
+    validate(cfg)
     timer = StageTimer()
     # A relative cache path means the directory the command was started in, also for a job that
     # a launcher runs in another directory or on another node (Hydra carries that directory along).
@@ -129,16 +178,18 @@ def open_session(cfg: DictConfig) -> Session:
     generator = build(cfg.llm)
     eval_embedder = build(cfg.eval.embedder)
     context_builder = ContextBuilder(**_container(cfg.context))
+    latency_settings = latency.LatencySettings.from_config(_container(cfg.eval.get("latency")))
     check_objective(cfg.objective, settings, generator)
+    if isinstance(chunker, TokenChunker):
+        chunker.check_fits(str(cfg.embedder.model), cfg.embedder.get("max_seq_length"))
 
     with timer.stage("corpus"):
-        all_docs, skipped = load_corpus(corpus, cache)
-        all_qa = questions.load()
-        check_questions(all_qa, all_docs)
+        all_docs, skipped, all_qa = load_inputs(corpus, questions, cache)
         qa = slice_questions(all_qa, cfg.slice.questions_per_corpus, cfg.slice.seed)
         check_objective_applies(cfg.objective, qa)
         docs = slice_documents(all_docs, qa, cfg.slice.docs_per_source, cfg.slice.seed)
         check_document_sizes(docs, cfg.max_doc_chars)
+        retriever.check_filters([(f"question {q.id!r}", q.corpus, q.source) for q in qa] + list(askers), docs)
 
     with timer.stage("chunk"):
         chunk_set, chunks_hit = build_chunks(chunker, _container(cfg.chunker), docs, cache)
@@ -154,7 +205,7 @@ def open_session(cfg: DictConfig) -> Session:
         retriever.warm_up()
         reranker.warm_up()
     session = Session(cfg, cache, timer, settings, qa, docs, len(all_docs), skipped, chunk_set, artifacts,
-                      retriever, reranker, generator, eval_embedder, context_builder)
+                      retriever, reranker, generator, eval_embedder, context_builder, latency_settings)
     if session.depth > len(chunk_set):
         log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", session.depth, len(chunk_set))
     return session
@@ -196,9 +247,12 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         filters = retriever.filters_for([q.corpus for q in qa])
 
     with timer.stage("retrieve"):
-        fused, retrieve_ms = retriever.search_timed(queries, session.depth, filters)
+        fused = retriever.search_each(queries, session.depth, filters)
     with timer.stage("rerank"):
-        hits, rerank_ms = rerank_timed(reranker, queries, fused, chunk_set.chunks, k)
+        hits, _ = rerank_timed(reranker, queries, fused, chunk_set.chunks, k)
+    with timer.stage("latency"):
+        lat_rows, lat_ms, lat_method = latency.measure(retriever, reranker, queries, filters, session.depth,
+                                                       chunk_set.chunks, k, session.latency)
 
     contexts = session.context_builder.build(hits, chunk_set)
     answered = answer_subset(qa, cfg.slice.get("answer_questions_per_corpus"), cfg.slice.seed)
@@ -213,18 +267,22 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
             answers[i], generate_ms[i] = sub_answers[j], sub_ms[j]
     if answers_hit is not None:
         artifacts.record["answers"] = {"key": answers_hit[0], "hit": answers_hit[1]}
+        if answers_hit[1]:  # timed by the run that generated them, not by this one
+            generate_ms = None
+    lat_method["generate"] = ("no answers" if answers_hit is None else "answers from the cache: not timed in this run"
+                              if generate_ms is None else "every question: its share of its batch's wall time")
 
     with timer.stage("score"):
-        # Reuse cached chunk vectors only if they were made by the evaluation embedder itself.
-        chunk_vectors = None
-        if cache.lookup("vectors", artifacts.vectors_key(eval_embedder)) is not None:
-            chunk_vectors = artifacts.vectors(eval_embedder)
+        chunk_vectors = eval_chunk_vectors(session)
         records, aggregates = score(
             qa, hits, chunk_set.chunks, eval_embedder, settings, answers, chunk_vectors,
             context_texts=[[c.text for c in ctx] for ctx in contexts],
         )
+    sampled = {int(q): j for j, q in enumerate(lat_rows)}
     for q, rec in enumerate(records):
-        rec["latency_ms"] = {"retrieve": round(float(retrieve_ms[q]), 3), "rerank": round(float(rerank_ms[q]), 3)}
+        rec["latency_ms"] = {}
+        if q in sampled:
+            rec["latency_ms"] = {s: round(float(lat_ms[s][sampled[q]]), 3) for s in ("retrieve", "rerank")}
         if generate_ms is not None and not np.isnan(generate_ms[q]):
             rec["latency_ms"]["generate"] = round(float(generate_ms[q]), 3)
         if route_ms is not None:
@@ -247,7 +305,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
             "answered_questions": 0 if answers is None else len(answered),
             "skipped_inputs": len(session.skipped),
         },
-        "latency": latency_summary(retrieve_ms, rerank_ms, generate_ms, route_ms),
+        "latency": latency_summary(lat_rows, lat_ms, generate_ms, route_ms),
+        "latency_method": lat_method,
         "timings_s": timer.as_dict(),
         "artifacts": artifacts.record,
         "config": _container(cfg),
@@ -256,6 +315,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         result["routing"] = {"method": retriever.router.method,
                              **routing_report(filters, [q.corpus for q in qa], retriever.source_filter.get("groups"))}
     write_results(output_dir, result, records, trec_files(result["variant"], records, qa))
+    write_report(cfg, output_dir)
     return result
 
 
@@ -266,6 +326,45 @@ def trec_files(tag: str, records: list[dict[str, Any]], qa: list[QAItem]) -> dic
     except RagError as e:
         log.warning("no TREC run file: %s", e)
         return {}
+
+
+def pipeline_embedder(retriever: Any) -> Any:
+    """The dense embedder a retriever searches with (None for BM25 alone)."""
+    for r in (retriever, getattr(retriever, "dense", None)):
+        if r is not None and getattr(r, "embedder", None) is not None:
+            return r.embedder
+    return None
+
+
+def eval_chunk_vectors(session: Session) -> np.ndarray | None:
+    """Cached chunk vectors the evaluation may use instead of encoding chunks: those made by the
+    evaluation embedder itself, or the pipeline's when they are the same vectors (same reference
+    computation within 1e-6 cosine, e.g. the fp32 ONNX export of the evaluation model)."""
+    cache, artifacts, ev = session.cache, session.artifacts, session.eval_embedder
+    if cache.lookup("vectors", artifacts.vectors_key(ev)) is not None:
+        return artifacts.vectors(ev)
+    emb = pipeline_embedder(session.retriever)
+    same = emb is not None and getattr(emb, "reference_id", None) == getattr(ev, "reference_id", False)
+    if same and cache.lookup("vectors", artifacts.vectors_key(emb)) is not None:
+        return artifacts.vectors(emb)
+    return None
+
+
+def write_report(cfg: DictConfig, output_dir: Path) -> None:
+    """report.html next to metrics.json: after the results, so a report problem (logged by
+    write_run_report, never raised) cannot cost them. `report.html=false` turns it off."""
+    node = cfg.get("report")
+    if node is not None and not node.get("html", True):
+        return
+    try:
+        from experiments.html_report import write_run_report
+    except Exception as e:  # noqa: BLE001 - e.g. jinja2 missing: the results stand without the page
+        log.warning("report.html skipped (%s: %s)", type(e).__name__, e)
+        return
+    limit = node.get("max_context_chars") if node is not None else None
+    path = write_run_report(output_dir, **({"max_context_chars": int(limit)} if limit else {}))
+    if path is not None:
+        log.info("report: %s", path)
 
 
 def check_document_sizes(docs: list[Document], max_chars: int | None) -> None:
@@ -330,39 +429,46 @@ def generate_cached(
     return data["answers"], np.asarray(data["latency_ms"], float), (key, art.hit)
 
 
-def latency_summary(
-    retrieve_ms: np.ndarray, rerank_ms: np.ndarray, generate_ms: np.ndarray | None, route_ms: np.ndarray | None = None
-) -> dict[str, float]:
-    """Median and 95th percentile per question and stage, in milliseconds. With answers for a
-    subset of the questions (NaN elsewhere), generate and total cover the answered questions."""
-    out: dict[str, float] = {}
-    stages = {"route": route_ms, "retrieve": retrieve_ms, "rerank": rerank_ms, "generate": generate_ms}
-    total = retrieve_ms + rerank_ms + sum(ms for ms in (generate_ms, route_ms) if ms is not None)
-    for name, ms in {**stages, "total": total}.items():
-        if ms is None:
-            continue
-        ms = ms[~np.isnan(ms)]
-        if len(ms) == 0:
-            continue
-        out[f"{name}_ms_median"] = round(float(np.median(ms)), 3)
-        out[f"{name}_ms_p95"] = round(float(np.percentile(ms, 95)), 3)
+def latency_summary(rows: np.ndarray, measured: dict[str, np.ndarray], generate_ms: np.ndarray | None,
+                    route_ms: np.ndarray | None = None) -> dict[str, float]:
+    """Median and 95th percentile per question and stage, in milliseconds: retrieve and rerank
+    over the sampled questions, route and generate over every question they timed (generate: the
+    answered ones), total over the sampled ones (answered ones, when answers cover a sample)."""
+    stages = dict(measured)
+    whole = {"route": route_ms, "generate": generate_ms}
+    for name, ms in whole.items():
+        if ms is not None:
+            stages[name] = ms[rows]
+    out = latency.summary(stages)
+    for name, ms in whole.items():
+        if ms is not None:
+            out.update({k: v for k, v in latency.summary({name: ms}).items() if k.startswith(name)})
     return out
 
 
 def write_results(
     output_dir: Path, result: dict[str, Any], records: list[dict[str, Any]], extra: dict[str, str] | None = None
 ) -> None:
-    """Results are written whole or not at all (temporary file, then rename); metrics.json goes
-    last, so its presence marks a finished run. `extra`: more files (name -> text)."""
+    """Results are written whole or not at all: each file to a temporary name and renamed,
+    metrics.json last (its presence marks a finished run), and if anything fails or is interrupted
+    (Ctrl-C) on the way, the files already written by this call are removed again. `extra`: more
+    files (name -> text), written first."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in (extra or {}).items():
-        atomic_write_text(output_dir / name, text)
-    atomic_write_text(
-        output_dir / "per_question.jsonl",
-        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
-    )
-    atomic_write_text(output_dir / "config_resolved.yaml", OmegaConf.to_yaml(OmegaConf.create(result["config"])))
-    atomic_write_text(output_dir / "metrics.json", json.dumps(result, indent=2, default=_json_default))
+    files = {
+        **(extra or {}),
+        "per_question.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+        "config_resolved.yaml": OmegaConf.to_yaml(OmegaConf.create(result["config"])),
+        "metrics.json": json.dumps(result, indent=2, default=_json_default),
+    }
+    written: list[Path] = []
+    try:
+        for name, text in files.items():
+            atomic_write_text(output_dir / name, text)
+            written.append(output_dir / name)
+    except BaseException:
+        for p in written:
+            p.unlink(missing_ok=True)
+        raise
 
 
 def _json_default(o: Any) -> Any:
