@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from eval import metrics as M
+from eval.labels import LABEL_METRICS, label_metrics
 from eval.stats import bootstrap_ci
 from rag.types import Chunk, Hits, QAItem, RagError
 
@@ -22,10 +23,15 @@ _MEMO_SIZE = 50_000  # texts; ~1.5 KB each for a 384-d model
 _memo: "OrderedDict[tuple[str, str], np.ndarray]" = OrderedDict()
 
 
+def clear_memo() -> None:
+    _memo.clear()
+
+
 def encode_memoized(embedder: Any, texts: list[str]) -> np.ndarray:
     """The evaluation embedder's vectors, memoized per text within the process: the jobs of an
-    in-process sweep score the same ground truths and mostly the same chunks, and re-encoding
-    them was the floor of every job's cost."""
+    in-process sweep score the same ground truths, mostly the same chunks, and (when only
+    retrieval settings downstream of the contexts change) the same answers and contexts, and
+    re-encoding them was the floor of every job's cost."""
     model_key = json.dumps(embedder.id, sort_keys=True, default=str)
     missing = list(dict.fromkeys(t for t in texts if (model_key, t) not in _memo))
     if missing:
@@ -38,9 +44,11 @@ def encode_memoized(embedder: Any, texts: list[str]) -> np.ndarray:
     return np.stack([_memo[(model_key, t)] for t in texts])
 
 
-RETRIEVAL_METRICS = ("recall_at_k", "mrr", "precision_at_k", "hit_at_k_id", "mrr_id")
+RETRIEVAL_METRICS = ("recall_at_k", "mrr", "precision_at_k", "hit_at_k_id", "mrr_id") + LABEL_METRICS
 ANSWER_METRICS = ("answer_gt", "grounding", "hallucination")
 ALL_METRICS = RETRIEVAL_METRICS + ANSWER_METRICS
+# Metrics that compare with the ground-truth answer: not computed for a question without one.
+SIMILARITY_METRICS = ("recall_at_k", "mrr", "precision_at_k", "answer_gt")
 
 
 @dataclass
@@ -60,6 +68,8 @@ class ScoreSettings:
             v = getattr(self, name)
             if not -1.0 <= float(v) <= 1.0:
                 raise RagError(f"eval.{name} is a cosine threshold and must be in [-1, 1], got {v}")
+        if isinstance(self.bootstrap_resamples, bool) or int(self.bootstrap_resamples) < 1:
+            raise RagError(f"eval.bootstrap.resamples must be positive, got {self.bootstrap_resamples}")
         unknown = [m for m in self.metrics if m not in ALL_METRICS]
         if unknown:
             raise RagError(f"eval.metrics: unknown metric(s) {unknown}; known: {list(ALL_METRICS)}")
@@ -71,33 +81,23 @@ def score(
     chunks: list[Chunk],
     eval_embedder: Any,
     settings: ScoreSettings,
-    answers: list[str] | None = None,
+    answers: list[str | None] | None = None,
     chunk_vectors: np.ndarray | None = None,
     context_texts: list[list[str]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Returns (per-question records, aggregates).
 
     Grounding compares the answer with the concatenated passages the LLM was given
-    (`context_texts`); without context expansion those are exactly the top-k chunks."""
+    (`context_texts`); without context expansion those are exactly the top-k chunks. A question
+    without a ground-truth answer (a BEIR query) gets None for the metrics that need one."""
     k = settings.k
     top = hits.top(k)
     ids = top.ids
     valid = ids >= 0
     n_q = len(qa)
+    has_answer = np.array([item.answer is not None for item in qa], bool)
 
-    e_truth = encode_memoized(eval_embedder, [item.answer for item in qa])
-    rows = np.unique(ids[valid])
-    if chunk_vectors is not None:
-        row_vecs = np.asarray(chunk_vectors[rows], np.float32)
-    else:
-        row_vecs = encode_memoized(eval_embedder, [chunks[r].text for r in rows])
-    pos = {int(r): i for i, r in enumerate(rows)}
-    sims = np.full(ids.shape, -1.0)
-    for q in range(n_q):
-        for j in range(ids.shape[1]):
-            if valid[q, j]:
-                sims[q, j] = float(M.cosine(row_vecs[pos[int(ids[q, j])]], e_truth[q]))
-
+    e_truth, sims = truth_similarities(qa, ids, chunks, eval_embedder, chunk_vectors)
     rel_sim = M.relevant_by_similarity(sims, valid, settings.tau_recall)
     doc_ids = [[chunks[r].doc_id if r >= 0 else None for r in ids[q]] for q in range(n_q)]
     rel_id = M.relevant_by_id(doc_ids, [item.source for item in qa])
@@ -109,41 +109,59 @@ def score(
     has_source = np.array([item.source is not None for item in qa])
     values["hit_at_k_id"] = np.where(has_source, M.recall_at_k(rel_id), np.nan)
     values["mrr_id"] = np.where(has_source, M.reciprocal_rank(rel_id), np.nan)
+    ranked = [[chunks[int(r)] for r in ids[q] if r >= 0] for q in range(n_q)]
+    label_values, grades = label_metrics(qa, ranked, k)
+    values.update(label_values)
 
     if context_texts is None:
         context_texts = [[chunks[r].text for r in ids[q] if r >= 0] for q in range(n_q)]
     contexts = [settings.context_separator.join(texts) for texts in context_texts]
     if answers is not None:
-        e_answer = eval_embedder.encode(answers, show_progress=False)
-        e_context = eval_embedder.encode(contexts, show_progress=False)
-        values["answer_gt"] = M.answer_gt_similarity(e_answer, e_truth)
-        values["grounding"] = M.grounding(e_answer, e_context)
-        values["hallucination"] = M.hallucination(values["answer_gt"], values["grounding"], settings.tau_h)
+        # Questions without an answer (None: outside the answered sample) get no answer metrics;
+        # questions without a ground truth get grounding only.
+        answered = [q for q, a in enumerate(answers) if a is not None]
+        for m in ANSWER_METRICS:
+            values[m] = np.full(n_q, np.nan)
+        if answered:
+            e_answer = encode_memoized(eval_embedder, [answers[q] for q in answered])
+            e_context = encode_memoized(eval_embedder, [contexts[q] for q in answered])
+            grounded = M.grounding(e_answer, e_context)
+            values["grounding"][answered] = grounded
+            if e_truth is not None:
+                gt = M.answer_gt_similarity(e_answer, e_truth[answered])
+                values["answer_gt"][answered] = gt
+                values["hallucination"][answered] = M.hallucination(gt, grounded, settings.tau_h)
+    for m in SIMILARITY_METRICS + ("hallucination",):
+        if m in values:
+            values[m] = np.where(has_answer, values[m], np.nan)
 
     reported = [m for m in settings.metrics if m in values]
     records = []
     for q, item in enumerate(qa):
+        slots = [(j, int(r)) for j, r in enumerate(ids[q]) if r >= 0]
         rec: dict[str, Any] = {
             "id": item.id,
             "question": item.question,
             "ground_truth": item.answer,
             "source": item.source,
             "corpus": item.corpus,
+            "labels": [r.to_json() for r in item.labels],
             "retrieved": [
                 {
                     "rank": j + 1,
-                    "chunk_id": chunks[int(r)].id,
-                    "doc_id": chunks[int(r)].doc_id,
+                    "chunk_id": chunks[r].id,
+                    "doc_id": chunks[r].doc_id,
                     "score": float(top.scores[q, j]),
-                    "sim_to_truth": round(float(sims[q, j]), 4),
-                    "relevant": bool(rel_sim[q, j]),
-                    "text": chunks[int(r)].text,
+                    "sim_to_truth": round(float(sims[q, j]), 4) if has_answer[q] else None,
+                    "relevant": bool(rel_sim[q, j]) if has_answer[q] else None,
+                    "grade": None if grades[q] is None else grades[q][i],
+                    "relevant_label": None if grades[q] is None else grades[q][i] > 0,
+                    "text": chunks[r].text,
                 }
-                for j, r in enumerate(ids[q])
-                if r >= 0
+                for i, (j, r) in enumerate(slots)
             ],
         }
-        if answers is not None:
+        if answers is not None and answers[q] is not None:
             rec["answer"] = answers[q]
         for m in reported:
             v = values[m][q]
@@ -152,6 +170,37 @@ def score(
 
     aggregates = aggregate(records, reported, settings)
     return records, aggregates
+
+
+def truth_similarities(
+    qa: list[QAItem], ids: np.ndarray, chunks: list[Chunk], eval_embedder: Any, chunk_vectors: np.ndarray | None
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """The ground truths' vectors (a zero row for a question without an answer; None when no
+    question has one) and sim(E(chunk), E(G)) per retrieved slot (-1 for empty slots and for
+    questions without an answer)."""
+    valid = ids >= 0
+    has_answer = np.array([item.answer is not None for item in qa], bool)
+    e_truth: np.ndarray | None = None
+    if has_answer.any():
+        e_truth = encode_memoized(eval_embedder, [item.answer for item in qa if item.answer is not None])
+        if not has_answer.all():
+            full = np.zeros((len(qa), e_truth.shape[1]), e_truth.dtype)
+            full[has_answer] = e_truth
+            e_truth = full
+    rows = np.unique(ids[valid])
+    if e_truth is None:
+        row_vecs = None
+    elif chunk_vectors is not None:
+        row_vecs = np.asarray(chunk_vectors[rows], np.float32)
+    else:
+        row_vecs = encode_memoized(eval_embedder, [chunks[r].text for r in rows])
+    pos = {int(r): i for i, r in enumerate(rows)}
+    sims = np.full(ids.shape, -1.0)
+    for q in range(len(qa)):
+        for j in range(ids.shape[1]):
+            if valid[q, j] and has_answer[q]:
+                sims[q, j] = float(M.cosine(row_vecs[pos[int(ids[q, j])]], e_truth[q]))
+    return e_truth, sims
 
 
 def aggregate(records: list[dict[str, Any]], metrics: list[str], settings: ScoreSettings) -> dict[str, Any]:

@@ -86,6 +86,20 @@ def check_questions(qa: list[QAItem], docs: list[Document]) -> None:
             f"qa: question {first.id!r} names source {first.source!r}, which is not a document of the corpus"
             + (f" ({len(missing) - 1} more questions have the same problem)" if len(missing) > 1 else "")
         )
+    check_labels(qa, {d.id: len(d.text) for d in docs})
+
+
+def check_labels(qa: list[QAItem], doc_lengths: dict[str, int]) -> None:
+    """Every relevance label names a document of the corpus, and its span lies inside the text."""
+    for q in qa:
+        for r in q.relevant:
+            if r.doc not in doc_lengths:
+                raise RagError(f"qa: question {q.id!r} labels document {r.doc!r}, which is not a document of the corpus")
+            if r.span is not None and r.span[1] > doc_lengths[r.doc]:
+                raise RagError(
+                    f"qa: question {q.id!r} labels span {list(r.span)} of {r.doc!r}, "
+                    f"past the end of its text ({doc_lengths[r.doc]} characters)"
+                )
 
 
 def slice_questions(qa: list[QAItem], per_corpus: int | None, seed: int) -> list[QAItem]:
@@ -101,13 +115,27 @@ def slice_questions(qa: list[QAItem], per_corpus: int | None, seed: int) -> list
     return [q for q in qa if q.id in keep]
 
 
+def answer_subset(qa: list[QAItem], per_corpus: int | None, seed: int) -> list[int]:
+    """Positions of the questions that get generated answers: at most `per_corpus` of each corpus
+    tag, by the same stable hash order as the question slice, so the subset is a prefix of the
+    slice's own order. Generation costs seconds a question while retrieval costs milliseconds,
+    so a run can score retrieval on every question and answers on a sample."""
+    if per_corpus is None:
+        return list(range(len(qa)))
+    if per_corpus <= 0:
+        raise RagError(f"slice.answer_questions_per_corpus must be positive or null, got {per_corpus}")
+    keep = {q.id for q in slice_questions(qa, per_corpus, seed)}
+    return [i for i, q in enumerate(qa) if q.id in keep]
+
+
 def slice_documents(docs: list[Document], qa: list[QAItem], per_source: int | None, seed: int) -> list[Document]:
-    """Every document a kept question names, plus distractors up to `per_source` per source tag."""
+    """Every document a kept question names (its source and labelled documents), plus distractors
+    up to `per_source` per source tag."""
     if per_source is None:
         return docs
     if per_source <= 0:
         raise RagError(f"slice.docs_per_source must be positive or null, got {per_source}")
-    needed = {q.source for q in qa if q.source is not None}
+    needed = {q.source for q in qa if q.source is not None} | {r.doc for q in qa for r in q.relevant}
     by_source: dict[str, list[str]] = {}
     for d in docs:
         by_source.setdefault(d.source, []).append(d.id)

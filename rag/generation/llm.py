@@ -205,7 +205,9 @@ def load_causal_lm(
         kwargs["device_map"] = device
     load_from, load_gguf = path, None
     if gguf_file:
-        load_from, load_gguf = _gguf_folder(model, path, gguf_file, dtype, cache_dir)
+        # One float32 conversion serves every dtype: from_pretrained casts it on load (a GGUF
+        # dequantized straight to bfloat16 would be a second, slower conversion of the same values).
+        load_from, load_gguf = _gguf_folder(model, path, gguf_file, "float32", cache_dir)
         if load_gguf:
             kwargs["gguf_file"] = load_gguf
     try:
