@@ -160,9 +160,19 @@ CHUNKER: dict[str, Check] = {
 }
 BM25: dict[str, Check] = {"k1": number(above=0), "b": number(0, 1), "stopwords": boolean, "stem": boolean,
                           "backend": string()}
+def threads(key: str, v: Any) -> None:
+    """torch CPU threads: a count, null (leave torch's default) or auto (rag.generation decides)."""
+    if v == "auto":
+        return
+    try:
+        integer(1, nullable=True)(key, v)
+    except RagError:
+        raise RagError(f"{key} must be a positive integer, auto or null, got {shown(v)}") from None
+
+
 LLM: dict[str, Check] = {
     "model": string(), "max_new_tokens": integer(1), "temperature": number(0), "seed": integer(),
-    "batch_size": integer(1), "num_threads": integer(1, nullable=True), "device": device,
+    "batch_size": integer(1), "num_threads": threads, "device": device,
     "dtype": string(), "quantization": string(nullable=True), "max_sentences": integer(1),
     "min_similarity": number(-1, 1), "no_answer": string(), "system_prompt": string(nullable=True),
 }

@@ -70,7 +70,7 @@ def test_ask_keeps_a_question_with_equals_signs(tiny_files):
 
 @pytest.mark.parametrize("extra,expect", [
     (["q?", "chunker=nope"], "ragrig ask: error: Could not find 'chunker/nope' (available: paragraph, per_source, recursive"),
-    (["--corpus", "other", "q?", "+version=v2"],
+    (["--corpus", "other", "q?", "+version=v2", "retriever.source_filter.mode=question"],
      "ragrig ask: error: retriever.source_filter (mode=question): corpus tag 'other' (--corpus 'other') is in no group"),
     (["q?", "eval.k=2.5"], "ragrig ask: error: eval.k must be an integer, got 2.5"),
     (["q?", "eval.kk=1"], "ragrig ask: error: Could not override 'eval.kk'"),

@@ -14,6 +14,9 @@ NEEDS = {  # options with a required (???) value of their own
     ("corpus", "jsonl"): ["corpus.path=/data/c.jsonl"],
     ("qa", "jsonl"): ["qa.path=/data/q.jsonl"],
     ("llm", "hf"): ["llm.model=HuggingFaceTB/SmolLM2-360M-Instruct"],
+    ("llm", "openai"): ["llm.model=some-model"],
+    ("corpus", "beir"): ["corpus.path=/data/scifact"],
+    ("qa", "beir"): ["corpus=beir", "corpus.path=/data/scifact"],
 }
 
 
