@@ -49,7 +49,7 @@ def v3_prompts(n_per_corpus: int, overrides: list[str] = ()) -> dict[str, Any]:
         rows += [members[j] for j in pick]
     qa = [s.qa[i] for i in rows]
     queries = [q.question for q in qa]
-    fused = s.retriever.search_each(queries, s.depth, s.retriever.filters_for([q.corpus for q in qa]))
+    fused = s.retriever.search_each(queries, s.depth, s.retriever.filters_for([q.corpus for q in qa], queries))
     hits, _ = rerank_timed(s.reranker, queries, fused, s.chunk_set.chunks, s.settings.k)
     contexts = s.context_builder.build(hits, s.chunk_set)
     return {"questions": queries, "contexts": contexts, "truths": [q.answer for q in qa],

@@ -36,7 +36,7 @@ def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) ->
     session = open_session(cfg)
     queries = [q.question for q in session.qa]
     fused, _ = session.retriever.search_timed(queries, session.depth, session.retriever.filters_for(
-        [q.corpus for q in session.qa]))
+        [q.corpus for q in session.qa], queries))
     hits, _ = rerank_timed(session.reranker, queries, fused, session.chunk_set.chunks, session.settings.k)
     return cfg.llm, queries, session.context_builder.build(hits, session.chunk_set)
 
