@@ -212,6 +212,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
             "questions": len(qa),
             "skipped_inputs": len(session.skipped),
         },
+        # which part of a split question set was scored (rag/qa.py QuestionSplit)
+        "qa_split": _container(cfg.qa.get("split")),
         "latency": latency_summary(retrieve_ms, rerank_ms, generate_ms),
         "timings_s": timer.as_dict(),
         "artifacts": artifacts.record,

@@ -1,54 +1,141 @@
 """Question sets: questions with ground-truth answers and, when known, the document holding it.
 
 Each set is built from keyword arguments (Hydra) and has `load() -> list[QAItem]` (deterministic
-order) and `fingerprint()`, like the corpora.
+order) and `fingerprint()`, like the corpora, and a `split` (QuestionSplit): the part of the set
+that `load()` returns.
 """
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rag.corpus.base import as_path, file_fingerprint, iter_jsonl, string_field
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
-from rag.corpus.pubmedqa import load_pubmedqa
+from rag.corpus.pubmedqa import load_pubmedqa, pmid_id
 from rag.types import QAItem, RagError
 
+PARTS = ("all", "train", "test")
 
-class PubMedQAQuestions:
+
+def split_hash(question_id: str, seed: int) -> float:
+    """The question's place in [0, 1) under `seed`. The same seeded SHA-256 as the slice's stable
+    order (rag.documents), so that the questions a slice keeps first are the ones with the
+    smallest values: a slice of the test part, with the same seed, is the slice of the whole set
+    whenever the test part holds at least as many questions as the slice keeps."""
+    return int(hashlib.sha256(f"{seed}:{question_id}".encode()).hexdigest(), 16) / float(1 << 256)
+
+
+@dataclass(frozen=True)
+class QuestionSplit:
+    """A deterministic train/test split of a question set by a seeded hash of each question id:
+    `fraction` of the questions (in expectation) form the test part, the rest the train part.
+    `part` is what `load()` returns: all (the default: the split changes nothing), train or test.
+    A question's part depends only on its id, the seed and the fraction, never on the other
+    questions, so adding questions to a set moves none of the old ones across the line."""
+
+    fraction: float = 0.2
+    seed: int = 0
+    part: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.part not in PARTS:
+            raise RagError(f"qa.split.part must be one of {list(PARTS)}, got {self.part!r}")
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not 0 < self.fraction < 1:
+            raise RagError(f"qa.split.fraction must be a number in (0, 1), got {self.fraction!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise RagError(f"qa.split.seed must be an integer, got {self.seed!r}")
+
+    @classmethod
+    def of(cls, split: "QuestionSplit | Mapping[str, Any] | None") -> "QuestionSplit":
+        if split is None or isinstance(split, QuestionSplit):
+            return split or cls()
+        if not isinstance(split, Mapping):
+            raise RagError(f"qa.split must be a mapping (fraction, seed, part), got {type(split).__name__}")
+        unknown = sorted(set(split) - {"fraction", "seed", "part"})
+        if unknown:
+            raise RagError(f"qa.split: unknown key(s) {unknown}; known: fraction, seed, part")
+        return cls(**dict(split))
+
+    def in_test(self, question_id: str) -> bool:
+        return split_hash(question_id, self.seed) < self.fraction
+
+    def part_of(self, question_id: str) -> str:
+        return "test" if self.in_test(question_id) else "train"
+
+    def apply(self, items: Sequence[QAItem]) -> list[QAItem]:
+        if self.part == "all":
+            return list(items)
+        return [q for q in items if self.part_of(q.id) == self.part]
+
+    def with_part(self, part: str) -> "QuestionSplit":
+        return QuestionSplit(self.fraction, self.seed, part)
+
+    @property
+    def id(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class QuestionSet:
+    """Base of the question sets: `load()` is the split's part of `items()`."""
+
+    def __init__(self, split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
+        self.split = QuestionSplit.of(split)
+
+    def items(self) -> list[QAItem]:
+        raise NotImplementedError
+
+    def inputs_fingerprint(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"class": type(self).__name__, **self.inputs_fingerprint(), "split": self.split.id}
+
+    def load(self) -> list[QAItem]:
+        items = self.split.apply(self.items())
+        if not items:
+            raise RagError(f"{type(self).__name__}: the {self.split.part} part of the question set is empty")
+        return items
+
+
+class PubMedQAQuestions(QuestionSet):
     """PubMedQA PQA-L: each abstract's QUESTION, answered by its LONG_ANSWER (the conclusion);
     the source is the abstract's document in PubMedQACorpus."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
+        super().__init__(split)
         self.path = as_path(path)
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {"class": type(self).__name__, "inputs": file_fingerprint(self.path)}
+    def inputs_fingerprint(self) -> dict[str, Any]:
+        return {"inputs": file_fingerprint(self.path)}
 
-    def load(self) -> list[QAItem]:
+    def items(self) -> list[QAItem]:
         return [
             QAItem(
                 id=f"pubmedqa:{pmid}",
                 question=rec["QUESTION"],
                 answer=rec["LONG_ANSWER"],
-                source=f"pmid:{pmid}",
+                source=pmid_id(pmid),
                 corpus="pubmed",
             )
             for pmid, rec in load_pubmedqa(self.path).items()
         ]
 
 
-class JsonlQuestions:
+class JsonlQuestions(QuestionSet):
     """One JSON object per line: id, question, answer, optional source (document id) and corpus
     (source tag)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
+        super().__init__(split)
         self.path = as_path(path)
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {"class": type(self).__name__, "inputs": file_fingerprint(self.path)}
+    def inputs_fingerprint(self) -> dict[str, Any]:
+        return {"inputs": file_fingerprint(self.path)}
 
-    def load(self) -> list[QAItem]:
+    def items(self) -> list[QAItem]:
         items: list[QAItem] = []
         first_line: dict[str, int] = {}
         for lineno, obj in iter_jsonl(self.path):
@@ -71,14 +158,18 @@ class JsonlQuestions:
         return items
 
 
-class MixedQuestions:
-    def __init__(self, parts: Sequence[Any]) -> None:
+class MixedQuestions(QuestionSet):
+    """The questions of several sets, in order (ids must be unique across them). Each part
+    applies its own split first, then this set's split applies to the union."""
+
+    def __init__(self, parts: Sequence[Any], split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
+        super().__init__(split)
         self.parts = instantiate_parts(parts, "MixedQuestions")
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {"class": type(self).__name__, "parts": [part_fingerprint(p) for p in self.parts]}
+    def inputs_fingerprint(self) -> dict[str, Any]:
+        return {"parts": [part_fingerprint(p) for p in self.parts]}
 
-    def load(self) -> list[QAItem]:
+    def items(self) -> list[QAItem]:
         items: list[QAItem] = []
         owner: dict[str, int] = {}
         for i, part in enumerate(self.parts):
