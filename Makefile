@@ -1,4 +1,4 @@
-# ragrig: `make demo` installs everything and runs v1 and v2 on the embedded default slice;
+# ragrig: `make demo` installs everything and compares v1..v4 on the embedded default slice;
 # `make test` runs the default test suite.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# v1..v4 on the embedded default slice as one multirun (conf/sweep/demo.yaml); it ends by printing
+# the verdict against v1 and where the summary, charts and report were written.
 demo: setup
-	$(PYTHON) run.py +version=v1
-	$(PYTHON) run.py +version=v2
+	$(PYTHON) run.py -m sweep=demo
 
 test: setup
 	$(PYTHON) -m pytest -q

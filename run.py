@@ -51,10 +51,23 @@ def _track(cfg: DictConfig, output_dir: str, result: dict | None = None, failure
         log.warning("tracking failed (%s: %s); the run's results are in %s", type(e).__name__, e, output_dir)
 
 
+def _quiet_loaders() -> None:
+    """Model loaders' own progress bars ("Loading weights") say nothing a user acts on; the
+    pipeline's bars (chunking, embedding, generation) stay."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     from rag.pipeline import format_table, run
     from rag.types import RagError
+
+    _quiet_loaders()
 
     hc = HydraConfig.get()
     output_dir = hc.runtime.output_dir

@@ -71,7 +71,7 @@ def score(
     chunks: list[Chunk],
     eval_embedder: Any,
     settings: ScoreSettings,
-    answers: list[str] | None = None,
+    answers: list[str | None] | None = None,
     chunk_vectors: np.ndarray | None = None,
     context_texts: list[list[str]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -114,11 +114,18 @@ def score(
         context_texts = [[chunks[r].text for r in ids[q] if r >= 0] for q in range(n_q)]
     contexts = [settings.context_separator.join(texts) for texts in context_texts]
     if answers is not None:
-        e_answer = eval_embedder.encode(answers, show_progress=False)
-        e_context = eval_embedder.encode(contexts, show_progress=False)
-        values["answer_gt"] = M.answer_gt_similarity(e_answer, e_truth)
-        values["grounding"] = M.grounding(e_answer, e_context)
-        values["hallucination"] = M.hallucination(values["answer_gt"], values["grounding"], settings.tau_h)
+        # Questions without an answer (None: outside the answered sample) get no answer metrics.
+        answered = [q for q, a in enumerate(answers) if a is not None]
+        for m in ANSWER_METRICS:
+            values[m] = np.full(n_q, np.nan)
+        if answered:
+            e_answer = eval_embedder.encode([answers[q] for q in answered], show_progress=False)
+            e_context = eval_embedder.encode([contexts[q] for q in answered], show_progress=False)
+            gt = M.answer_gt_similarity(e_answer, e_truth[answered])
+            grounded = M.grounding(e_answer, e_context)
+            values["answer_gt"][answered] = gt
+            values["grounding"][answered] = grounded
+            values["hallucination"][answered] = M.hallucination(gt, grounded, settings.tau_h)
 
     reported = [m for m in settings.metrics if m in values]
     records = []
@@ -143,7 +150,7 @@ def score(
                 if r >= 0
             ],
         }
-        if answers is not None:
+        if answers is not None and answers[q] is not None:
             rec["answer"] = answers[q]
         for m in reported:
             v = values[m][q]

@@ -101,6 +101,19 @@ def slice_questions(qa: list[QAItem], per_corpus: int | None, seed: int) -> list
     return [q for q in qa if q.id in keep]
 
 
+def answer_subset(qa: list[QAItem], per_corpus: int | None, seed: int) -> list[int]:
+    """Positions of the questions that get generated answers: at most `per_corpus` of each corpus
+    tag, by the same stable hash order as the question slice, so the subset is a prefix of the
+    slice's own order. Generation costs seconds a question while retrieval costs milliseconds,
+    so a run can score retrieval on every question and answers on a sample."""
+    if per_corpus is None:
+        return list(range(len(qa)))
+    if per_corpus <= 0:
+        raise RagError(f"slice.answer_questions_per_corpus must be positive or null, got {per_corpus}")
+    keep = {q.id for q in slice_questions(qa, per_corpus, seed)}
+    return [i for i, q in enumerate(qa) if q.id in keep]
+
+
 def slice_documents(docs: list[Document], qa: list[QAItem], per_source: int | None, seed: int) -> list[Document]:
     """Every document a kept question names, plus distractors up to `per_source` per source tag."""
     if per_source is None:

@@ -24,7 +24,9 @@ from eval.scoring import ANSWER_METRICS, ScoreSettings, score
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache, atomic_write_text, make_key
 from rag.context import ContextBuilder
-from rag.documents import check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions
+from rag.documents import (
+    answer_subset, check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions,
+)
 from rag.generation import NoGenerator
 from rag.timing import StageTimer
 from rag.types import Chunk, Context, Document, Hits, QAItem, RagError
@@ -179,7 +181,16 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         hits, rerank_ms = rerank_timed(reranker, queries, fused, chunk_set.chunks, k)
 
     contexts = session.context_builder.build(hits, chunk_set)
-    answers, generate_ms, answers_hit = generate_cached(session.generator, queries, contexts, cache, timer)
+    answered = answer_subset(qa, cfg.slice.get("answer_questions_per_corpus"), cfg.slice.seed)
+    sub_answers, sub_ms, answers_hit = generate_cached(
+        session.generator, [queries[i] for i in answered], [contexts[i] for i in answered], cache, timer
+    )
+    answers: list[str | None] | None = None
+    generate_ms: np.ndarray | None = None
+    if sub_answers is not None:
+        answers, generate_ms = [None] * len(qa), np.full(len(qa), np.nan)
+        for j, i in enumerate(answered):
+            answers[i], generate_ms[i] = sub_answers[j], sub_ms[j]
     if answers_hit is not None:
         artifacts.record["answers"] = {"key": answers_hit[0], "hit": answers_hit[1]}
 
@@ -194,7 +205,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         )
     for q, rec in enumerate(records):
         rec["latency_ms"] = {"retrieve": round(float(retrieve_ms[q]), 3), "rerank": round(float(rerank_ms[q]), 3)}
-        if generate_ms is not None:
+        if generate_ms is not None and not np.isnan(generate_ms[q]):
             rec["latency_ms"]["generate"] = round(float(generate_ms[q]), 3)
         rec["contexts"] = [{"label": c.label, "text": c.text} for c in contexts[q]]
 
@@ -210,6 +221,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
             "documents_in_full_corpus": session.n_docs_total,
             "chunks": len(chunk_set),
             "questions": len(qa),
+            "answered_questions": 0 if answers is None else len(answered),
             "skipped_inputs": len(session.skipped),
         },
         # which part of a split question set was scored (rag/qa.py QuestionSplit)
@@ -286,12 +298,16 @@ def generate_cached(
 
 
 def latency_summary(retrieve_ms: np.ndarray, rerank_ms: np.ndarray, generate_ms: np.ndarray | None) -> dict[str, float]:
-    """Median and 95th percentile per question and stage, in milliseconds."""
+    """Median and 95th percentile per question and stage, in milliseconds. With answers for a
+    subset of the questions (NaN elsewhere), generate and total cover the answered questions."""
     out: dict[str, float] = {}
     stages = {"retrieve": retrieve_ms, "rerank": rerank_ms, "generate": generate_ms}
     total = retrieve_ms + rerank_ms + (generate_ms if generate_ms is not None else 0.0)
     for name, ms in {**stages, "total": total}.items():
-        if ms is None or len(ms) == 0:
+        if ms is None:
+            continue
+        ms = ms[~np.isnan(ms)]
+        if len(ms) == 0:
             continue
         out[f"{name}_ms_median"] = round(float(np.median(ms)), 3)
         out[f"{name}_ms_p95"] = round(float(np.percentile(ms, 95)), 3)

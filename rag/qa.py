@@ -15,9 +15,32 @@ from typing import Any
 from rag.corpus.base import as_path, file_fingerprint, iter_jsonl, string_field
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
 from rag.corpus.pubmedqa import load_pubmedqa, pmid_id
+from rag.documents import slice_questions
 from rag.types import QAItem, RagError
 
 PARTS = ("all", "train", "test")
+SLICE_KEYS = ("questions_per_corpus", "seed")
+
+
+def _slice_setting(exclude_slice: Mapping[str, Any] | None) -> dict[str, int] | None:
+    if exclude_slice is None:
+        return None
+    if not isinstance(exclude_slice, Mapping) or set(exclude_slice) != set(SLICE_KEYS):
+        raise RagError(
+            f"PubMedQAQuestions: exclude_slice must be a mapping with exactly the keys {list(SLICE_KEYS)}, "
+            f"got {dict(exclude_slice) if isinstance(exclude_slice, Mapping) else exclude_slice!r}"
+        )
+    out = {}
+    for key in SLICE_KEYS:
+        value = exclude_slice[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise RagError(f"PubMedQAQuestions: exclude_slice.{key} must be an integer, got {value!r}")
+        out[key] = value
+    if out["questions_per_corpus"] <= 0:
+        raise RagError(f"PubMedQAQuestions: exclude_slice.questions_per_corpus must be positive, "
+                       f"got {out['questions_per_corpus']}")
+    return out
+
 
 
 def split_hash(question_id: str, seed: int) -> float:
@@ -102,17 +125,27 @@ class QuestionSet:
 
 class PubMedQAQuestions(QuestionSet):
     """PubMedQA PQA-L: each abstract's QUESTION, answered by its LONG_ANSWER (the conclusion);
-    the source is the abstract's document in PubMedQACorpus."""
+    the source is the abstract's document in PubMedQACorpus.
 
-    def __init__(self, path: str | os.PathLike[str], split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
+    `exclude_slice` ({questions_per_corpus, seed}) leaves out the questions that a run's question
+    slice with those settings would pick from the full set: with the default run's settings this
+    is the held-out remainder, disjoint from the PubMed questions the dev runs see (qa=heldout).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], exclude_slice: Mapping[str, Any] | None = None,
+                 split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
         super().__init__(split)
         self.path = as_path(path)
+        self.exclude_slice = _slice_setting(exclude_slice)
 
     def inputs_fingerprint(self) -> dict[str, Any]:
-        return {"inputs": file_fingerprint(self.path)}
+        fp: dict[str, Any] = {"inputs": file_fingerprint(self.path)}
+        if self.exclude_slice is not None:
+            fp["exclude_slice"] = self.exclude_slice
+        return fp
 
     def items(self) -> list[QAItem]:
-        return [
+        items = [
             QAItem(
                 id=f"pubmedqa:{pmid}",
                 question=rec["QUESTION"],
@@ -122,6 +155,11 @@ class PubMedQAQuestions(QuestionSet):
             )
             for pmid, rec in load_pubmedqa(self.path).items()
         ]
+        if self.exclude_slice is None:
+            return items
+        # Every item carries the same corpus tag, so this is exactly the run slice's pick of them.
+        dev = {q.id for q in slice_questions(items, self.exclude_slice["questions_per_corpus"], self.exclude_slice["seed"])}
+        return [q for q in items if q.id not in dev]
 
 
 class JsonlQuestions(QuestionSet):

@@ -119,3 +119,24 @@ def test_generation_adds_answer_metrics_and_caches_answers(tiny_files, compose_c
     assert second["artifacts"]["answers"]["hit"] is True
     third = run(compose_cfg(base + ["context.expand_neighbors=0"]), tiny_files["out"] / "c")
     assert third["artifacts"]["answers"]["hit"] is False
+
+
+def test_answers_for_a_sample_retrieval_for_every_question(tiny_files, compose_cfg):
+    """slice.answer_questions_per_corpus: answer metrics on the sample, retrieval on all, and the
+    answered questions' scores equal those of a run that answers every question."""
+    base = tiny_overrides(tiny_files) + ["+version=v1", "llm=extractive"]
+    every = run(compose_cfg(base), tiny_files["out"] / "all")
+    sample = run(compose_cfg(base + ["slice.answer_questions_per_corpus=1"]), tiny_files["out"] / "sample")
+    assert sample["counts"]["questions"] == 6 and sample["counts"]["answered_questions"] == 3
+    assert sample["metrics"]["mrr_id"]["n"] == 6 and sample["metrics"]["answer_gt"]["n"] == 3
+    assert sample["metrics"]["mrr"] == every["metrics"]["mrr"]
+    rows = {r["id"]: r for r in map(json.loads, (tiny_files["out"] / "sample" / "per_question.jsonl").read_text().splitlines())}
+    full = {r["id"]: r for r in map(json.loads, (tiny_files["out"] / "all" / "per_question.jsonl").read_text().splitlines())}
+    answered = [q for q, r in rows.items() if "answer" in r]
+    assert len(answered) == 3 and len({rows[q]["corpus"] for q in answered}) == 3
+    for q, r in rows.items():
+        if q in answered:
+            assert r["answer"] == full[q]["answer"] and r["answer_gt"] == full[q]["answer_gt"]
+            assert "generate" in r["latency_ms"]
+        else:
+            assert r["answer_gt"] is None and r["hallucination"] is None and "generate" not in r["latency_ms"]

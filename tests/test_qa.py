@@ -122,3 +122,40 @@ def test_project_question_sets_load(name):
     items = JsonlQuestions(path).load()
     assert items and {i.corpus for i in items} == {name}
     assert all(i.source for i in items)
+
+
+def test_pubmedqa_exclude_slice_leaves_out_exactly_that_slice():
+    from rag.documents import slice_questions
+
+    full = PubMedQAQuestions(PUBMEDQA).load()
+    picked = {q.id for q in slice_questions(full, 50, 0)}
+    rest = PubMedQAQuestions(PUBMEDQA, exclude_slice={"questions_per_corpus": 50, "seed": 0}).load()
+    assert len(picked) == 50 and len(rest) == 950
+    assert {q.id for q in rest} == {q.id for q in full} - picked
+    assert [q.id for q in rest] == [q.id for q in full if q.id not in picked]  # file order kept
+    other_seed = PubMedQAQuestions(PUBMEDQA, exclude_slice={"questions_per_corpus": 50, "seed": 1}).load()
+    assert {q.id for q in other_seed} != {q.id for q in rest}
+
+
+def test_pubmedqa_exclude_slice_fingerprint():
+    plain = PubMedQAQuestions(PUBMEDQA).fingerprint()
+    assert "exclude_slice" not in plain  # runs without the option keep their fingerprints
+    held = PubMedQAQuestions(PUBMEDQA, exclude_slice={"questions_per_corpus": 50, "seed": 0}).fingerprint()
+    assert held["exclude_slice"] == {"questions_per_corpus": 50, "seed": 0}
+    assert held["inputs"] == plain["inputs"]
+
+
+@pytest.mark.parametrize(
+    "exclude, pattern",
+    [
+        ({"questions_per_corpus": 50}, r"exactly the keys \['questions_per_corpus', 'seed'\]"),
+        ({"questions_per_corpus": 50, "seed": 0, "extra": 1}, r"exactly the keys"),
+        ([50, 0], r"must be a mapping"),
+        ({"questions_per_corpus": "50", "seed": 0}, r"exclude_slice.questions_per_corpus must be an integer, got '50'"),
+        ({"questions_per_corpus": 50, "seed": True}, r"exclude_slice.seed must be an integer, got True"),
+        ({"questions_per_corpus": 0, "seed": 0}, r"exclude_slice.questions_per_corpus must be positive, got 0"),
+    ],
+)
+def test_pubmedqa_exclude_slice_errors(exclude, pattern):
+    with pytest.raises(RagError, match=pattern):
+        PubMedQAQuestions(PUBMEDQA, exclude_slice=exclude)

@@ -1,26 +1,37 @@
 #!/usr/bin/env python
-"""Validate the hand-written development QA sets in data/qa/.
+"""Validate the hand-written QA sets in data/qa/: the dev sets and the held-out sets.
 
-Checks, for libc.jsonl and pytorch.jsonl:
+Files: libc.jsonl and pytorch.jsonl (dev, tuned on) and heldout_libc.jsonl and
+heldout_pytorch.jsonl (held out: final verdicts only, see data/README.md).
+
+Checks, for every file:
   * every line is a JSON object with exactly the keys
     id, question, answer, source, corpus (all non-empty strings);
-  * ids are unique, look like "<corpus>-NNN" and corpus has the expected value;
-  * no source document is used by more than MAX_PER_SOURCE questions;
+  * ids look like "<corpus>-NNN" (dev) or "heldout-<corpus>-NNN" (held out), are unique across
+    all four files, and corpus has the expected value;
+  * no source document is used by more than MAX_PER_SOURCE questions of one file;
   * every source exists:
       - "man:<name>.<section>": /usr/share/man/man<section>/<name>.<section>[.gz]
         is a regular file (not a symlink) and not a ".so" redirect stub;
       - "torch:<qualified name>": resolves via importlib/getattr, is reached
-        through one of the public modules listed in PUBLIC_TORCH_MODULES (using
-        the first of them through which the object is public) and has a
-        non-empty __doc__.
+        through one of the modules the PyTorch corpus walks (PUBLIC_TORCH_MODULES,
+        using the first of them through which the object is public, a module's
+        __all__ when it has one) and has a non-empty __doc__;
+      - "torchdoc:<path>": a .rst/.md file under the PyTorch docs folder;
+    and, unless --no-corpus, is the id of a document of the default corpus (loaded through the
+    project's loaders and artifact cache, so the check sees exactly what a run retrieves from);
+  * no held-out question repeats a dev question: none is identical or near-identical (after
+    normalising case, punctuation and spacing, a difflib ratio or word-set Jaccard of at least
+    NEAR_DUPLICATE) to any dev question.
 
-Usage: python data/qa/check_sources.py [--man-root DIR]
+Usage: python data/qa/check_sources.py [--man-root DIR] [--docs-dir DIR] [--no-corpus]
 Prints a one-line summary; exits non-zero if any problem is found.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import gzip
 import importlib
 import json
@@ -29,44 +40,46 @@ import re
 import sys
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FILES = {"libc": HERE / "libc.jsonl", "pytorch": HERE / "pytorch.jsonl"}
-SOURCE_PREFIX = {"libc": "man:", "pytorch": "torch:"}
+ROOT = HERE.parents[1]
+
+
+@dataclass(frozen=True)
+class QAFile:
+    corpus: str        # libc | pytorch
+    path: Path
+    heldout: bool
+    min_questions: int
+
+    @property
+    def id_re(self) -> re.Pattern[str]:
+        return re.compile(rf"^{'heldout-' if self.heldout else ''}{self.corpus}-\d{{3,}}$")
+
+
+FILES = [
+    QAFile("libc", HERE / "libc.jsonl", False, 45),
+    QAFile("pytorch", HERE / "pytorch.jsonl", False, 45),
+    QAFile("libc", HERE / "heldout_libc.jsonl", True, 40),
+    QAFile("pytorch", HERE / "heldout_pytorch.jsonl", True, 40),
+]
+SOURCE_PREFIX = {"libc": ("man:",), "pytorch": ("torch:", "torchdoc:")}
 KEYS = {"id", "question", "answer", "source", "corpus"}
 MAX_PER_SOURCE = 2
-MIN_QUESTIONS = 45
+NEAR_DUPLICATE = 0.8
+DOC_SUFFIXES = (".rst", ".md")
 
-# Order matters: a torch object must be named under the first module of this
-# list through which it is public.
-PUBLIC_TORCH_MODULES = [
-    "torch",
-    "torch.Tensor",
-    "torch.nn",
-    "torch.nn.functional",
-    "torch.nn.init",
-    "torch.nn.utils",
-    "torch.optim",
-    "torch.optim.lr_scheduler",
-    "torch.utils.data",
-    "torch.autograd",
-    "torch.linalg",
-    "torch.fft",
-    "torch.special",
-    "torch.distributions",
-    "torch.cuda",
-    "torch.amp",
-    "torch.jit",
-    "torch.hub",
-    "torch.random",
-    "torch.sparse",
-    "torch.profiler",
-    "torch.utils.checkpoint",
-]
+# This checkout's rag package, not an installed copy: the corpus defines what a source id is.
+sys.path.insert(0, str(ROOT))
+from rag.corpus.pytorch import DEFAULT_MODULES  # noqa: E402
 
-MAN_RE = re.compile(r"^man:([A-Za-z0-9_.+:-]+)\.([23])$")
-ID_RE = re.compile(r"^(libc|pytorch)-(\d{3,})$")
+# The modules the PyTorch corpus walks, in its order. Order matters: the corpus documents an
+# object under the first of them through which it is public, so a source must use that name.
+PUBLIC_TORCH_MODULES = list(DEFAULT_MODULES)
+
+MAN_RE = re.compile(r"^man:([A-Za-z0-9_.+:-]+)\.(2|3|3type|3const|3head)$")
 
 
 # ---------------------------------------------------------------- man pages
@@ -74,7 +87,7 @@ ID_RE = re.compile(r"^(libc|pytorch)-(\d{3,})$")
 def man_page_problem(source: str, man_root: Path) -> str | None:
     m = MAN_RE.match(source)
     if not m:
-        return "malformed man source (expected man:<name>.<2|3>)"
+        return "malformed man source (expected man:<name>.<2|3|3type|3const|3head>)"
     name, sec = m.groups()
     base = man_root / f"man{sec}" / f"{name}.{sec}"
     path = None
@@ -124,7 +137,10 @@ def _public_attrs(container) -> dict[int, tuple[str, object]]:
     The object itself is kept in the value so that its id cannot be reused.
     """
     out: dict[int, tuple[str, object]] = {}
-    for attr in dir(container):
+    exported = getattr(container, "__all__", None) if isinstance(container, type(sys)) else None
+    # Like the corpus walk: a module's __all__ when it has one, else everything dir() lists.
+    names = [str(n) for n in exported] if isinstance(exported, (list, tuple)) else dir(container)
+    for attr in names:
         if attr.startswith("_"):
             continue
         try:
@@ -141,7 +157,10 @@ _attr_index: dict[str, dict[int, tuple[str, object]]] = {}
 def _first_public_home(obj) -> str | None:
     for modname in PUBLIC_TORCH_MODULES:
         if modname not in _attr_index:
-            _attr_index[modname] = _public_attrs(_load(modname))
+            try:
+                _attr_index[modname] = _public_attrs(_load(modname))
+            except Exception:  # a module this torch build lacks: the corpus skips it as well
+                _attr_index[modname] = {}
         if id(obj) in _attr_index[modname]:
             return modname
     return None
@@ -186,18 +205,88 @@ def torch_problem(source: str) -> str | None:
     return None
 
 
+# ------------------------------------------------------------ doc sources
+
+def default_docs_dir() -> Path:
+    """Where the default corpus reads the PyTorch reST docs from (paths.data in conf/config.yaml)."""
+    return Path(os.environ.get("RAGRIG_DATA") or ROOT / "data") / "pytorch-docs"
+
+
+def torchdoc_problem(source: str, docs_dir: Path) -> str | None:
+    rel = source[len("torchdoc:"):]
+    if not rel or rel.startswith("/") or ".." in rel.split("/"):
+        return "malformed torchdoc source (expected torchdoc:<path relative to the docs folder>)"
+    if not rel.endswith(DOC_SUFFIXES):
+        return f"{rel}: not a {'/'.join(DOC_SUFFIXES)} file"
+    if not (docs_dir / rel).is_file():
+        return f"doc file not found: {docs_dir / rel}"
+    return None
+
+
+def source_problem(src: str, corpus: str, man_root: Path, docs_dir: Path) -> str | None:
+    if not src.startswith(SOURCE_PREFIX[corpus]):
+        return f"source should start with one of {SOURCE_PREFIX[corpus]}"
+    if corpus == "libc":
+        return man_page_problem(src, man_root)
+    if src.startswith("torchdoc:"):
+        return torchdoc_problem(src, docs_dir)
+    return torch_problem(src)
+
+
+# ------------------------------------------------------------------ corpus
+
+def corpus_ids() -> set[str]:
+    """Document ids of the default corpus (conf/corpus/mixed.yaml), through the artifact cache."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from rag.cache import ArtifactCache
+    from rag.config import register_resolvers
+    from rag.documents import load_corpus
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config")
+    docs, _ = load_corpus(instantiate(cfg.corpus, _convert_="all"), ArtifactCache(cfg.paths.cache))
+    return {d.id for d in docs}
+
+
+# -------------------------------------------------------------- duplicates
+
+def normalize(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9_]+", " ", text.lower()).split())
+
+
+def similarity(a: list[str], b: list[str]) -> float:
+    """The larger of difflib's ratio over the word sequences and the Jaccard of the word sets."""
+    sa, sb = set(a), set(b)
+    jaccard = len(sa & sb) / len(sa | sb) if sa | sb else 1.0
+    return max(difflib.SequenceMatcher(None, a, b, autojunk=False).ratio(), jaccard)
+
+
+def closest_pairs(heldout: list[dict], dev: list[dict]) -> list[tuple[float, dict, dict]]:
+    """For each held-out question, its most similar dev question (after `normalize`), most
+    similar first."""
+    dev_words = [(normalize(d["question"]).split(), d) for d in dev]
+    out = []
+    for h in heldout:
+        words = normalize(h["question"]).split()
+        score, d = max(((similarity(words, dw), d) for dw, d in dev_words), key=lambda t: t[0])
+        out.append((score, h, d))
+    return sorted(out, key=lambda t: -t[0])
+
+
 # ------------------------------------------------------------------- driver
 
-def check_file(corpus: str, path: Path, man_root: Path, seen_ids: set[str],
-               problems: list[str]) -> int:
-    if not path.exists():
-        problems.append(f"{path}: missing")
-        return 0
-    count = 0
-    per_source: Counter[str] = Counter()
-    with open(path, encoding="utf-8") as fh:
+def read_file(qf: QAFile, problems: list[str]) -> list[dict]:
+    """The well-formed records of one file; format problems are appended to `problems`."""
+    if not qf.path.exists():
+        problems.append(f"{qf.path}: missing")
+        return []
+    records = []
+    with open(qf.path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
-            where = f"{path.name}:{lineno}"
+            where = f"{qf.path.name}:{lineno}"
             if not line.strip():
                 problems.append(f"{where}: blank line")
                 continue
@@ -209,7 +298,6 @@ def check_file(corpus: str, path: Path, man_root: Path, seen_ids: set[str],
             if not isinstance(rec, dict):
                 problems.append(f"{where}: not a JSON object")
                 continue
-            count += 1
             keys = set(rec)
             if keys != KEYS:
                 missing, extra = KEYS - keys, keys - KEYS
@@ -218,43 +306,71 @@ def check_file(corpus: str, path: Path, man_root: Path, seen_ids: set[str],
             if bad:
                 problems.append(f"{where}: empty or non-string fields {sorted(bad)}")
                 continue
-            rid, src = rec["id"], rec["source"]
-            if rec["corpus"] != corpus:
-                problems.append(f"{where}: corpus {rec['corpus']!r}, expected {corpus!r}")
-            m = ID_RE.match(rid)
-            if not m or m.group(1) != corpus:
-                problems.append(f"{where}: id {rid!r} should look like {corpus}-NNN")
-            if rid in seen_ids:
-                problems.append(f"{where}: duplicate id {rid!r}")
-            seen_ids.add(rid)
-            if not src.startswith(SOURCE_PREFIX[corpus]):
-                problems.append(f"{where}: source {src!r} should start with {SOURCE_PREFIX[corpus]!r}")
-                continue
-            per_source[src] += 1
-            err = man_page_problem(src, man_root) if corpus == "libc" else torch_problem(src)
-            if err:
-                problems.append(f"{where}: {src}: {err}")
+            records.append({**rec, "where": where})
+    return records
+
+
+def check_file(qf: QAFile, records: list[dict], seen_ids: dict[str, str], man_root: Path,
+               docs_dir: Path, known: set[str] | None, problems: list[str]) -> None:
+    per_source: Counter[str] = Counter()
+    for rec in records:
+        where, rid, src = rec["where"], rec["id"], rec["source"]
+        if rec["corpus"] != qf.corpus:
+            problems.append(f"{where}: corpus {rec['corpus']!r}, expected {qf.corpus!r}")
+        if not qf.id_re.match(rid):
+            problems.append(f"{where}: id {rid!r} should look like {'heldout-' if qf.heldout else ''}{qf.corpus}-NNN")
+        if rid in seen_ids:
+            problems.append(f"{where}: duplicate id {rid!r} (first at {seen_ids[rid]})")
+        seen_ids.setdefault(rid, where)
+        per_source[src] += 1
+        err = source_problem(src, qf.corpus, man_root, docs_dir)
+        if err:
+            problems.append(f"{where}: {src}: {err}")
+        elif known is not None and src not in known:
+            problems.append(f"{where}: {src}: not a document id of the default corpus")
     for src, n in per_source.items():
         if n > MAX_PER_SOURCE:
-            problems.append(f"{path.name}: {src} used by {n} questions (max {MAX_PER_SOURCE})")
-    if count < MIN_QUESTIONS:
-        problems.append(f"{path.name}: only {count} questions (need at least {MIN_QUESTIONS})")
-    return count
+            problems.append(f"{qf.path.name}: {src} used by {n} questions (max {MAX_PER_SOURCE})")
+    if len(records) < qf.min_questions:
+        problems.append(f"{qf.path.name}: only {len(records)} questions (need at least {qf.min_questions})")
+
+
+def check_heldout_vs_dev(heldout: list[dict], dev: list[dict], problems: list[str]) -> float:
+    """Flags held-out questions that repeat a dev question; returns the highest similarity seen."""
+    pairs = closest_pairs(heldout, dev)
+    for score, h, d in pairs:
+        if score >= NEAR_DUPLICATE:
+            problems.append(f"{h['where']}: question {'repeats' if score == 1.0 else 'nearly repeats'} "
+                            f"dev {d['id']} (similarity {score:.2f}): {h['question']!r}")
+    return pairs[0][0] if pairs else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--man-root", default="/usr/share/man", type=Path)
+    ap.add_argument("--docs-dir", default=None, type=Path,
+                    help="PyTorch docs folder for torchdoc: sources (default: $RAGRIG_DATA or data/, /pytorch-docs)")
+    ap.add_argument("--no-corpus", action="store_true",
+                    help="skip loading the corpus; check sources against files and the torch package only")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     problems: list[str] = []
-    seen_ids: set[str] = set()
-    counts = {c: check_file(c, p, args.man_root, seen_ids, problems) for c, p in FILES.items()}
+    known = None if args.no_corpus else corpus_ids()
+    docs_dir = args.docs_dir or default_docs_dir()
+    seen_ids: dict[str, str] = {}
+    records = {qf.path.name: read_file(qf, problems) for qf in FILES}
+    for qf in FILES:
+        check_file(qf, records[qf.path.name], seen_ids, args.man_root, docs_dir, known, problems)
+    dev = [r for qf in FILES if not qf.heldout for r in records[qf.path.name]]
+    heldout = [r for qf in FILES if qf.heldout for r in records[qf.path.name]]
+    closest = check_heldout_vs_dev(heldout, dev, problems)
     for p in problems:
         print(f"PROBLEM: {p}", file=sys.stderr)
     status = "OK" if not problems else "FAIL"
-    print(f"{status}: libc={counts['libc']} pytorch={counts['pytorch']} "
-          f"questions checked, {len(problems)} problem(s)")
+    counts = " ".join(f"{qf.path.stem}={len(records[qf.path.name])}" for qf in FILES)
+    where = "files and torch only (--no-corpus)" if known is None else f"the default corpus ({len(known)} documents)"
+    print(f"{status}: {counts} questions checked; sources checked against {where}; "
+          f"closest held-out/dev question pair {closest:.2f} (limit {NEAR_DUPLICATE}); {len(problems)} problem(s)")
     return 0 if not problems else 1
 
 
