@@ -97,9 +97,12 @@ def test_constructor_and_path_errors(tmp_path: Path):
 def test_fusion_keeps_the_first_stage_order_in_play():
     ce = np.array([0.0, 0.1, 5.0, 0.2], np.float32)  # candidates in first-stage order
     assert np.argsort(-fuse_scores(ce, "none", 0.5), kind="stable")[0] == 2
-    # rrf: half the weight on each order; candidate 2 (CE first, first stage third) overtakes
+    # rrf over the two orders (CE: 2, 3, 1, 0; first stage: 0, 1, 2, 3), ranks from 1, k = 1
     rrf = fuse_scores(ce, "rrf", 0.5, k=1)
-    assert np.argsort(-rrf, kind="stable").tolist()[:2] == [2, 0] or np.argsort(-rrf, kind="stable")[0] == 0
+    expected = [0.5 / 2 + 0.5 / 5, 0.5 / 4 + 0.5 / 3, 0.5 / 2 + 0.5 / 4, 0.5 / 3 + 0.5 / 5]
+    assert rrf == pytest.approx(expected)
+    assert np.argsort(-rrf, kind="stable").tolist() == [2, 0, 1, 3]
+    assert fuse_scores(ce, "rrf", 0.3, k=1).argmax() == 0  # more weight on the first stage
     assert fuse_scores(ce, "rrf", 1.0, k=60).argmax() == 2 and fuse_scores(ce, "rrf", 0.0, k=60).argmax() == 0
     # linear: a standardized logit against -ln(rank); weight 0 is the first stage, 1 the CE
     assert fuse_scores(ce, "linear", 0.0).argmax() == 0 and fuse_scores(ce, "linear", 1.0).argmax() == 2
@@ -108,14 +111,17 @@ def test_fusion_keeps_the_first_stage_order_in_play():
     assert len(fuse_scores(np.zeros(0, np.float32), "rrf", 0.5)) == 0
 
 
-def test_fused_reranking_moves_a_clear_winner_up_but_not_a_marginal_one():
+def test_fused_reranking_weighs_the_cross_encoder_against_the_first_stage():
     chunks = _chunks(["a", "b", "c", "d"])
     hits = Hits(np.array([[0, 1, 2, 3]]), np.array([[4, 3, 2, 1]], np.float32))
-    r, fake = _reranker(top_n=4, fuse={"method": "linear", "weight": 0.5})
-    fake.predict = lambda pairs, **kw: np.array([0.0, 0.0, 0.0, 9.0], np.float32)  # d is clearly best
-    assert r.rerank(["q"], hits, chunks, k=2).ids[0].tolist() == [3, 0]
-    fake.predict = lambda pairs, **kw: np.array([0.0, 0.0, 0.0, 0.1], np.float32)  # d barely ahead
-    assert r.rerank(["q"], hits, chunks, k=2).ids[0].tolist() == [0, 1]
+    fake_scores = lambda pairs, **kw: np.array([0.0, 0.1, 0.2, 9.0], np.float32)  # noqa: E731 (CE: d, c, b, a)
+    r, fake = _reranker(top_n=4, fuse={"method": "rrf", "weight": 0.5, "k": 1})
+    fake.predict = fake_scores
+    # d: 0.5/2 + 0.5/5 = 0.35, a: 0.5/5 + 0.5/2 = 0.35 (tie: first-stage order), b and c: 0.5/4 + 0.5/3
+    assert r.rerank(["q"], hits, chunks, k=4).ids[0].tolist() == [0, 3, 1, 2]
+    r, fake = _reranker(top_n=4, fuse={"method": "rrf", "weight": 0.8, "k": 1})
+    fake.predict = fake_scores
+    assert r.rerank(["q"], hits, chunks, k=2).ids[0].tolist() == [3, 2]
     with pytest.raises(RagError, match="fuse.method"):
         CrossEncoderReranker(model="x/y", fuse={"method": "max"})
     with pytest.raises(RagError, match="unknown key"):

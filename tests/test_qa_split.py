@@ -92,3 +92,44 @@ def test_run_records_the_split_and_scores_only_the_test_part(tiny_files, compose
     split = QuestionSplit(0.5, 2)
     scored = [json.loads(line)["id"] for line in (tiny_files["out"] / "per_question.jsonl").read_text().splitlines()]
     assert scored and all(split.in_test(i) for i in scored)
+
+
+def _scored_ids(compose_cfg, overrides: list[str]) -> set[str]:
+    """The question ids a run with these overrides scores (its questions, sliced as run does)."""
+    from hydra.utils import instantiate
+
+    cfg = compose_cfg(overrides)
+    return {q.id for q in slice_questions(instantiate(cfg.qa).load(), cfg.slice.questions_per_corpus, cfg.slice.seed)}
+
+
+def _trained_ids(compose_cfg, overrides: list[str]) -> set[str]:
+    from hydra.utils import instantiate
+
+    from rag.rerank.training.labelled import training_questions
+
+    cfg = compose_cfg(["reranker=cross_encoder", *overrides])
+    return {q.id for q in training_questions(instantiate(cfg.reranker.train.labelled))}
+
+
+@pytest.mark.parametrize("runs", [
+    [],  # the dev runs: the default slice of qa=mixed
+    ["slice.questions_per_corpus=null", "qa.split.part=test"],  # every test-part question
+    ["qa=heldout"],  # the held-out verdict runs
+    ["qa=heldout", "slice.questions_per_corpus=null"],  # the whole held-out set
+    ["qa=pubmedqa", "qa.split.part=test", "slice.questions_per_corpus=null"],
+])
+def test_no_question_the_reranker_trains_on_is_ever_scored(compose_cfg, runs):
+    """The reranker's labelled questions (reranker.train.labelled: the train part of PubMedQA)
+    and the questions these runs score are disjoint."""
+    trained = _trained_ids(compose_cfg, [])
+    assert len(trained) > 500  # the train part is most of PubMedQA
+    scored = _scored_ids(compose_cfg, runs)
+    assert scored and not trained & scored
+
+
+def test_the_dev_and_heldout_pubmed_slices_lie_in_the_test_part(compose_cfg):
+    """So that a run on qa.split.part=test scores the same dev slice as the default run."""
+    default = _scored_ids(compose_cfg, [])
+    test_part = _scored_ids(compose_cfg, ["qa.split.part=test"])
+    pubmed = {i for i in default if i.startswith("pubmedqa:")}
+    assert len(pubmed) == 50 and pubmed <= test_part

@@ -84,6 +84,7 @@ class CrossEncoderReranker(Reranker):
         cache_dir: str | os.PathLike[str] | None = None,
         fuse: dict[str, Any] | None = None,
         label_passages: bool | None = None,
+        precision: str = "fp32",
     ):
         if not isinstance(model, str) or not model.strip():
             raise RagError(f"reranker.model must be a model id, path, package:<module> or {TRAINED!r}, got {model!r}")
@@ -103,6 +104,9 @@ class CrossEncoderReranker(Reranker):
             raise RagError(f"reranker.fuse: weight must be a number and k an integer, got {fuse}") from None
         if not 0 <= self.fuse_weight <= 1 or self.fuse_k < 0:
             raise RagError(f"reranker.fuse: weight must be in [0, 1] and k >= 0, got {fuse}")
+        if precision not in ("fp32", "bf16"):
+            raise RagError(f"reranker.precision must be fp32 or bf16, got {precision!r}")
+        self.precision = precision
         self.label_passages = label_passages
         self.model_name = model.strip()
         self.top_n = int(top_n)
@@ -173,13 +177,17 @@ class CrossEncoderReranker(Reranker):
             return np.zeros(0, np.float32)
         import torch
 
-        scores = self.model.predict(
-            pairs,
-            batch_size=self.batch_size,
-            show_progress_bar=False,
-            activation_fn=torch.nn.Identity(),
-            convert_to_numpy=True,
-        )
+        from rag.rerank.training.fit import bf16_ok
+
+        bf16 = self.precision == "bf16" and bf16_ok(self.device)
+        with torch.autocast("cuda" if self.device.startswith("cuda") else "cpu", dtype=torch.bfloat16, enabled=bf16):
+            scores = self.model.predict(
+                pairs,
+                batch_size=self.batch_size,
+                show_progress_bar=False,
+                activation_fn=torch.nn.Identity(),
+                convert_to_numpy=True,
+            )
         scores = np.asarray(scores, np.float32)
         if scores.ndim > 1:  # a multi-label model: its last logit is taken as "relevant"
             scores = scores[:, -1]

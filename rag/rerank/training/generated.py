@@ -8,7 +8,6 @@ contexts)`): many prompts per call, batched by length, greedy by default.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -50,16 +49,21 @@ PROMPT = "Write a question that a user might ask, which the passage answers.\n\n
 
 
 def generator_settings(config: Any) -> tuple[Any, dict[str, Any]]:
-    """The question generator (instantiated from `reranker.train.generator`) and its id."""
+    """The question generator (`reranker.train.generator`: an llm config or the generator Hydra
+    made of it), set to this module's few-shot prompt with no system prompt, and its id."""
     if config is None:
         raise RagError("reranker.train.queries.generated > 0 needs reranker.train.generator (an llm config)")
     if isinstance(config, Mapping):
         from hydra.utils import instantiate
 
-        cfg = {**dict(config), "prompt": {"template": PROMPT, "context_format": "{text}"}, "system_prompt": None}
-        config = instantiate(cfg, _convert_="all")
-    if not hasattr(config, "generate") or not hasattr(config, "id"):
-        raise RagError(f"reranker.train.generator: expected an LLM generator, got {type(config).__name__}")
+        config = instantiate(dict(config), _convert_="all")
+    if not all(hasattr(config, a) for a in ("generate", "id", "prompt", "system_prompt")):
+        raise RagError(f"reranker.train.generator: expected a prompt-driven LLM generator (llm=smollm2, llm=hf), "
+                       f"got {type(config).__name__}")
+    from rag.generation.prompt import PromptBuilder
+
+    config.prompt = PromptBuilder(template=PROMPT, context_format="{text}")
+    config.system_prompt = None
     return config, config.id
 
 
@@ -149,7 +153,3 @@ def generated_examples(docs: Sequence[Document], s: Mapping[str, Any], generator
             p = pool.passages[row]
             out.append(Example(p.doc_id, p.source, "generated", rec["question"], pool.text(row)))
     return out
-
-
-def sample_id(texts: Sequence[str]) -> str:
-    return hashlib.sha256("\0".join(texts).encode()).hexdigest()
