@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup demo test test-slow test-crash test-distributed test-scale test-gpu test-all bench data clean
+.PHONY: setup demo test test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -57,19 +57,38 @@ test-gpu: setup
 	$(PIP) install --quiet -e ".[gpu]"
 	$(PYTHON) -m pytest -q -s -m gpu
 
+# llm=openai and eval.judge against a real OpenAI-compatible server (`transformers serve` on
+# 127.0.0.1, serving the packaged SmolLM2); installs the serving extra (a few minutes on 2 cores).
+test-server: setup
+	$(PIP) install --quiet -e ".[serving]"
+	$(PYTHON) -m pytest -q -m server
+
+# report.html opened in headless Chromium (tests/test_browser.py, marker browser): installs
+# Debian's chromium and chromium-driver when missing (as root, with apt-get) and the browser extra
+# (selenium). CI runs this target too.
+test-browser: setup
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	    if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	    else echo "ragrig: the browser tests need Chromium: apt-get install chromium chromium-driver" >&2; exit 1; fi; fi
+	$(PIP) install --quiet -e ".[browser]"
+	$(PYTHON) -m pytest -q -m browser
+
 test-all: setup
-	$(PYTHON) -m pytest -q -m "slow or scale or distributed or crash or not slow"
+	$(PYTHON) -m pytest -q -m "slow or scale or distributed or crash or browser or server or not slow"
 
 # Renders/extracts the local corpora (man pages, torch docstrings) into the cache and exports
 # them as JSONL under data/corpora/, so a first run does not pay for it.
 data: setup
 	$(PYTHON) -m rag.data --out data/corpora
 
-# Alpha-sweep cost (experiments/bench.py) and the performance families (experiments/benchmarks/:
-# BM25, FAISS indexes, encoding, ONNX, end to end); add BENCH_FLAGS=--full for the 1M cases.
+# Sweep costs (experiments/bench.py: alpha sweep, chunk x alpha grid) and the performance families
+# (experiments/benchmarks/: BM25, FAISS indexes, encoding, ONNX, end to end, generation, ...), then
+# the headline ratios into outputs/bench/results.json; BENCH_FLAGS=--full adds the long cases.
 bench: setup
 	$(PYTHON) -m experiments.bench --out outputs/bench
 	$(PYTHON) -m experiments.benchmarks --out outputs/bench/families $(BENCH_FLAGS)
+	$(PYTHON) -m experiments.bench --headline --out outputs/bench
 
 clean:
 	rm -rf outputs/runs outputs/multirun outputs/bench .pytest_cache

@@ -7,10 +7,15 @@ In a multirun, a job whose pipeline raises does not stop the sweep: it leaves `f
 Optuna sweeper records the trial as failed); the summary written at the end of the multirun
 (experiments.callbacks) marks it failed. A single run keeps the plain behaviour: a user error
 (RagError) is one line on stderr and exit status 2.
+
+Exit status: 0 done; 2 a user error (bad input, a bad override or config value: one line, no
+traceback); 130 interrupted (Ctrl-C; results are written whole or not at all); 1 a multirun whose
+jobs all failed (`report.fail_on=any`: any job), or an unexpected error (with its traceback).
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -62,8 +67,14 @@ def _quiet_loaders() -> None:
         pass
 
 
+_task_started = False  # errors before the task are Hydra's (composing the config, making the run dir)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    global _task_started
+    _task_started = True
+    from rag import rundir
     from rag.pipeline import format_table, run
     from rag.types import RagError
 
@@ -72,6 +83,14 @@ def main(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     output_dir = hc.runtime.output_dir
     multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        rundir.claim(output_dir, hc.sweep.dir if multirun else None, hc.job.num if multirun else None)
+    except RagError as e:
+        # Another live run owns the directory: write nothing into it, not even a failure record.
+        print(f"ragrig: error: {e}", file=sys.stderr)
+        if multirun:
+            return float("nan")
+        sys.exit(2)
     try:
         result = run(cfg, output_dir)
     except Exception as e:
@@ -95,13 +114,48 @@ def main(cfg: DictConfig) -> float:
             print(f"ragrig: error: {e}", file=sys.stderr)
             sys.exit(2)
         raise
-    if multirun:
-        (Path(output_dir) / "failure.json").unlink(missing_ok=True)  # a stale one from an earlier attempt
     print(format_table(result))
+    if "dry_run" in result:  # llm.dry_run=true: nothing was generated or scored
+        return float("nan")
     print(f"results: {output_dir}")
     _track(cfg, output_dir, result=result)
     return float(result["objective"]["value"])
 
 
+def cli() -> int:
+    """`main` with the command line's error handling: Hydra's own configuration errors (an unknown
+    group option, an override that does not parse or names no key) become one line and exit
+    status 2 instead of Hydra's multi-line report; Ctrl-C is one line and 130."""
+    from rag.config import config_error_line, is_config_error
+
+    user_full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra raise them to us rather than print them
+    try:
+        main()
+    except KeyboardInterrupt:
+        sweep = any(a in ("-m", "--multirun") for a in sys.argv[1:])
+        hint = " (the sweep's summary: python -m experiments.compare SWEEP_DIR)" if sweep else ""
+        print(f"ragrig: interrupted; nothing half-written was left{hint}", file=sys.stderr)
+        return 130
+    except Exception as e:
+        from hydra.errors import ConfigCompositionException, OverrideParseException
+
+        hydra_error = isinstance(e, (ConfigCompositionException, OverrideParseException))
+        before_task = not _task_started and (is_config_error(e) or isinstance(e, OSError))
+        if user_full_error or not (hydra_error or before_task):
+            raise
+        if isinstance(e, OSError) and not is_config_error(e):
+            print(f"ragrig: error: {e.filename or 'output directory'}: {e.strerror} (check hydra.run.dir / hydra.sweep.dir)",
+                  file=sys.stderr)
+        else:
+            print(f"ragrig: error: {config_error_line(e)}", file=sys.stderr)
+        return 2
+    finally:
+        if user_full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+    callbacks = sys.modules.get("experiments.callbacks")
+    return callbacks.sweep_exit_status() if callbacks is not None else 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from eval import metrics as M
+from eval.labels import LABEL_METRICS, label_metrics
 from eval.stats import bootstrap_ci
 from rag.types import Chunk, Hits, QAItem, RagError
 
@@ -22,10 +23,15 @@ _MEMO_SIZE = 50_000  # texts; ~1.5 KB each for a 384-d model
 _memo: "OrderedDict[tuple[str, str], np.ndarray]" = OrderedDict()
 
 
+def clear_memo() -> None:
+    _memo.clear()
+
+
 def encode_memoized(embedder: Any, texts: list[str]) -> np.ndarray:
     """The evaluation embedder's vectors, memoized per text within the process: the jobs of an
-    in-process sweep score the same ground truths and mostly the same chunks, and re-encoding
-    them was the floor of every job's cost."""
+    in-process sweep score the same ground truths, mostly the same chunks, and (when only
+    retrieval settings downstream of the contexts change) the same answers and contexts, and
+    re-encoding them was the floor of every job's cost."""
     model_key = json.dumps(embedder.id, sort_keys=True, default=str)
     missing = list(dict.fromkeys(t for t in texts if (model_key, t) not in _memo))
     if missing:
@@ -38,9 +44,11 @@ def encode_memoized(embedder: Any, texts: list[str]) -> np.ndarray:
     return np.stack([_memo[(model_key, t)] for t in texts])
 
 
-RETRIEVAL_METRICS = ("recall_at_k", "mrr", "precision_at_k", "hit_at_k_id", "mrr_id")
+RETRIEVAL_METRICS = ("recall_at_k", "mrr", "precision_at_k", "hit_at_k_id", "mrr_id") + LABEL_METRICS
 ANSWER_METRICS = ("answer_gt", "grounding", "hallucination")
 ALL_METRICS = RETRIEVAL_METRICS + ANSWER_METRICS
+# Metrics that compare with the ground-truth answer: not computed for a question without one.
+SIMILARITY_METRICS = ("recall_at_k", "mrr", "precision_at_k", "answer_gt")
 
 
 @dataclass
@@ -60,6 +68,8 @@ class ScoreSettings:
             v = getattr(self, name)
             if not -1.0 <= float(v) <= 1.0:
                 raise RagError(f"eval.{name} is a cosine threshold and must be in [-1, 1], got {v}")
+        if isinstance(self.bootstrap_resamples, bool) or int(self.bootstrap_resamples) < 1:
+            raise RagError(f"eval.bootstrap.resamples must be positive, got {self.bootstrap_resamples}")
         unknown = [m for m in self.metrics if m not in ALL_METRICS]
         if unknown:
             raise RagError(f"eval.metrics: unknown metric(s) {unknown}; known: {list(ALL_METRICS)}")
@@ -78,26 +88,16 @@ def score(
     """Returns (per-question records, aggregates).
 
     Grounding compares the answer with the concatenated passages the LLM was given
-    (`context_texts`); without context expansion those are exactly the top-k chunks."""
+    (`context_texts`); without context expansion those are exactly the top-k chunks. A question
+    without a ground-truth answer (a BEIR query) gets None for the metrics that need one."""
     k = settings.k
     top = hits.top(k)
     ids = top.ids
     valid = ids >= 0
     n_q = len(qa)
+    has_answer = np.array([item.answer is not None for item in qa], bool)
 
-    e_truth = encode_memoized(eval_embedder, [item.answer for item in qa])
-    rows = np.unique(ids[valid])
-    if chunk_vectors is not None:
-        row_vecs = np.asarray(chunk_vectors[rows], np.float32)
-    else:
-        row_vecs = encode_memoized(eval_embedder, [chunks[r].text for r in rows])
-    pos = {int(r): i for i, r in enumerate(rows)}
-    sims = np.full(ids.shape, -1.0)
-    for q in range(n_q):
-        for j in range(ids.shape[1]):
-            if valid[q, j]:
-                sims[q, j] = float(M.cosine(row_vecs[pos[int(ids[q, j])]], e_truth[q]))
-
+    e_truth, sims = truth_similarities(qa, ids, chunks, eval_embedder, chunk_vectors)
     rel_sim = M.relevant_by_similarity(sims, valid, settings.tau_recall)
     doc_ids = [[chunks[r].doc_id if r >= 0 else None for r in ids[q]] for q in range(n_q)]
     rel_id = M.relevant_by_id(doc_ids, [item.source for item in qa])
@@ -109,45 +109,56 @@ def score(
     has_source = np.array([item.source is not None for item in qa])
     values["hit_at_k_id"] = np.where(has_source, M.recall_at_k(rel_id), np.nan)
     values["mrr_id"] = np.where(has_source, M.reciprocal_rank(rel_id), np.nan)
+    ranked = [[chunks[int(r)] for r in ids[q] if r >= 0] for q in range(n_q)]
+    label_values, grades = label_metrics(qa, ranked, k)
+    values.update(label_values)
 
     if context_texts is None:
         context_texts = [[chunks[r].text for r in ids[q] if r >= 0] for q in range(n_q)]
     contexts = [settings.context_separator.join(texts) for texts in context_texts]
     if answers is not None:
-        # Questions without an answer (None: outside the answered sample) get no answer metrics.
+        # Questions without an answer (None: outside the answered sample) get no answer metrics;
+        # questions without a ground truth get grounding only.
         answered = [q for q, a in enumerate(answers) if a is not None]
         for m in ANSWER_METRICS:
             values[m] = np.full(n_q, np.nan)
         if answered:
-            e_answer = eval_embedder.encode([answers[q] for q in answered], show_progress=False)
-            e_context = eval_embedder.encode([contexts[q] for q in answered], show_progress=False)
-            gt = M.answer_gt_similarity(e_answer, e_truth[answered])
+            e_answer = encode_memoized(eval_embedder, [answers[q] for q in answered])
+            e_context = encode_memoized(eval_embedder, [contexts[q] for q in answered])
             grounded = M.grounding(e_answer, e_context)
-            values["answer_gt"][answered] = gt
             values["grounding"][answered] = grounded
-            values["hallucination"][answered] = M.hallucination(gt, grounded, settings.tau_h)
+            if e_truth is not None:
+                gt = M.answer_gt_similarity(e_answer, e_truth[answered])
+                values["answer_gt"][answered] = gt
+                values["hallucination"][answered] = M.hallucination(gt, grounded, settings.tau_h)
+    for m in SIMILARITY_METRICS + ("hallucination",):
+        if m in values:
+            values[m] = np.where(has_answer, values[m], np.nan)
 
     reported = [m for m in settings.metrics if m in values]
     records = []
     for q, item in enumerate(qa):
+        slots = [(j, int(r)) for j, r in enumerate(ids[q]) if r >= 0]
         rec: dict[str, Any] = {
             "id": item.id,
             "question": item.question,
             "ground_truth": item.answer,
             "source": item.source,
             "corpus": item.corpus,
+            "labels": [r.to_json() for r in item.labels],
             "retrieved": [
                 {
                     "rank": j + 1,
-                    "chunk_id": chunks[int(r)].id,
-                    "doc_id": chunks[int(r)].doc_id,
+                    "chunk_id": chunks[r].id,
+                    "doc_id": chunks[r].doc_id,
                     "score": float(top.scores[q, j]),
-                    "sim_to_truth": round(float(sims[q, j]), 4),
-                    "relevant": bool(rel_sim[q, j]),
-                    "text": chunks[int(r)].text,
+                    "sim_to_truth": round(float(sims[q, j]), 4) if has_answer[q] else None,
+                    "relevant": bool(rel_sim[q, j]) if has_answer[q] else None,
+                    "grade": None if grades[q] is None else grades[q][i],
+                    "relevant_label": None if grades[q] is None else grades[q][i] > 0,
+                    "text": chunks[r].text,
                 }
-                for j, r in enumerate(ids[q])
-                if r >= 0
+                for i, (j, r) in enumerate(slots)
             ],
         }
         if answers is not None and answers[q] is not None:
@@ -161,24 +172,103 @@ def score(
     return records, aggregates
 
 
+def truth_similarities(
+    qa: list[QAItem], ids: np.ndarray, chunks: list[Chunk], eval_embedder: Any, chunk_vectors: np.ndarray | None
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """The ground truths' vectors (a zero row for a question without an answer; None when no
+    question has one) and sim(E(chunk), E(G)) per retrieved slot (-1 for empty slots and for
+    questions without an answer)."""
+    valid = ids >= 0
+    has_answer = np.array([item.answer is not None for item in qa], bool)
+    e_truth: np.ndarray | None = None
+    if has_answer.any():
+        e_truth = encode_memoized(eval_embedder, [item.answer for item in qa if item.answer is not None])
+        if not has_answer.all():
+            full = np.zeros((len(qa), e_truth.shape[1]), e_truth.dtype)
+            full[has_answer] = e_truth
+            e_truth = full
+    rows = np.unique(ids[valid])
+    if e_truth is None:
+        row_vecs = None
+    elif chunk_vectors is not None:
+        row_vecs = np.asarray(chunk_vectors[rows], np.float32)
+    else:
+        row_vecs = encode_memoized(eval_embedder, [chunks[r].text for r in rows])
+    pos = {int(r): i for i, r in enumerate(rows)}
+    sims = np.full(ids.shape, -1.0)
+    for q in range(len(qa)):
+        for j in range(ids.shape[1]):
+            if valid[q, j] and has_answer[q]:
+                sims[q, j] = float(M.cosine(row_vecs[pos[int(ids[q, j])]], e_truth[q]))
+    return e_truth, sims
+
+
 def aggregate(records: list[dict[str, Any]], metrics: list[str], settings: ScoreSettings) -> dict[str, Any]:
     """Mean and 95% bootstrap CI of each metric, overall and per question corpus."""
 
     def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
         out = {}
         for m in metrics:
-            v = np.array([r[m] for r in recs if r.get(m) is not None], np.float64)
-            if len(v) == 0:
-                continue
-            lo, hi = bootstrap_ci(v, settings.bootstrap_resamples, 0.95, settings.bootstrap_seed)
-            out[m] = {"mean": float(v.mean()), "ci95": [lo, hi], "n": int(len(v))}
+            summary = _mean_ci([r[m] for r in recs if r.get(m) is not None], settings)
+            if summary is not None:
+                out[m] = summary
         return out
 
-    by_corpus: dict[str, list[dict[str, Any]]] = {}
-    for r in records:
-        by_corpus.setdefault(r.get("corpus") or "unlabelled", []).append(r)
     return {
         "overall": summarize(records),
-        "by_corpus": {c: summarize(rs) for c, rs in sorted(by_corpus.items())},
+        "by_corpus": {c: summarize(rs) for c, rs in _by_corpus(records).items()},
         "n_questions": len(records),
     }
+
+
+def _mean_ci(values: list[float], settings: ScoreSettings) -> dict[str, Any] | None:
+    v = np.array(values, np.float64)
+    if len(v) == 0:
+        return None
+    lo, hi = bootstrap_ci(v, settings.bootstrap_resamples, 0.95, settings.bootstrap_seed)
+    return {"mean": float(v.mean()), "ci95": [lo, hi], "n": int(len(v))}
+
+
+def _by_corpus(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(r.get("corpus") or "unlabelled", []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def add_judge_scores(records: list[dict[str, Any]], aggregates: dict[str, Any], judged: dict[str, Any],
+                     settings: ScoreSettings) -> list[str]:
+    """Adds the judge's metrics (`judge_<metric>`, eval/judge.py) beside the others: per question
+    the mean of its measured repeats (None when unmeasured) and the repeats themselves under
+    `judge`; per aggregate mean, CI and n over the measured questions, with `unmeasured` (questions
+    without any measured judgement) and `judgements_unmeasured` (of `judgements` asked) beside
+    them, and agreement of the repeats. Returns the metric names added."""
+    from eval.judge import question_score
+
+    names = []
+    for metric in judged["metrics"]:
+        name = f"judge_{metric}"
+        names.append(name)
+        for rec, slots in zip(records, judged["per_question"]):
+            rec.setdefault("judge", {})[metric] = slots[metric]
+            rec[name] = question_score(slots[metric])
+        aggregates["overall"][name] = _judge_summary(records, metric, judged["repeats"], settings)
+        for corpus, recs in _by_corpus(records).items():
+            aggregates["by_corpus"].setdefault(corpus, {})[name] = _judge_summary(recs, metric, judged["repeats"], settings)
+    return names
+
+
+def _judge_summary(records: list[dict[str, Any]], metric: str, repeats: int, settings: ScoreSettings) -> dict[str, Any]:
+    from eval.judge import RUBRICS, agreement, fleiss_kappa
+
+    name = f"judge_{metric}"
+    slots = [r["judge"][metric] for r in records]
+    errors = [e for s in slots for e in s["errors"] if e]
+    out = _mean_ci([r[name] for r in records if r[name] is not None], settings) or {"mean": None, "ci95": [None, None], "n": 0}
+    out.update(unmeasured=sum(r[name] is None for r in records), judgements=sum(len(s["scores"]) for s in slots),
+               judgements_unmeasured=len(errors),
+               unmeasured_causes={c: sum(e.startswith(c) for e in errors) for c in ("unparseable", "request failed")})
+    if repeats > 1:
+        out["agreement"], out["agreement_n"] = agreement(slots)
+        out["fleiss_kappa"], out["fleiss_kappa_n"] = fleiss_kappa(slots, list(RUBRICS[metric].verdicts))
+    return out

@@ -3,7 +3,9 @@
 A run directory is any directory holding `metrics.json` (a finished run) or `failure.json` (a
 multirun job whose pipeline raised); a Hydra output directory (`.hydra/`) with neither is reported
 as failed too (the run never finished: killed, crashed, or a single run that exited on an error). Sweep directories and
-any parents of run directories are accepted, and runs from different days can be mixed.
+any parents of run directories are accepted, and runs from different days can be mixed. Under a
+stamped sweep directory (rag.rundir), only the jobs of its latest sweep count: job directories
+left there by an earlier sweep into the same `hydra.sweep.dir` are skipped.
 
 `python -m experiments.aggregate RUN_DIR_OR_PARENT...` prints a markdown table, one row per run;
 `python -m experiments.compare ...` builds the full report (summary.csv/md and charts).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import re
@@ -22,6 +25,10 @@ from typing import Any
 
 import pandas as pd
 import yaml
+
+from rag.rundir import belongs_to_sweep, read_sweep_stamp
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
 FAILURE_FILE = "failure.json"
@@ -85,13 +92,22 @@ def find_run_dirs(paths: list[Path] | list[str]) -> list[Path]:
         if p.is_file():  # a metrics.json named directly
             p = p.parent
         found: list[Path] = []
+        stamps: dict[Path, dict[str, Any] | None] = {}
+        stale = 0
         for root, dirs, files in os.walk(p):
             dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
             d = Path(root)
-            if METRICS_FILE in files or FAILURE_FILE in files:
-                found.append(d)
-            elif (d / ".hydra" / "overrides.yaml").exists():
-                found.append(d)  # a Hydra run or sweep job that never finished
+            if not (METRICS_FILE in files or FAILURE_FILE in files or (d / ".hydra" / "overrides.yaml").exists()):
+                continue  # (with .hydra only: a Hydra run or sweep job that never finished)
+            if d.parent not in stamps:
+                stamps[d.parent] = read_sweep_stamp(d.parent)
+            stamp = stamps[d.parent]
+            if stamp is not None and not belongs_to_sweep(d, stamp):
+                stale += 1
+                continue
+            found.append(d)
+        if stale:
+            log.debug("left out %d job director%s of an earlier sweep under %s", stale, "y" if stale == 1 else "ies", p)
         for d in sorted(found, key=_natural_key):
             r = d.resolve()
             if r not in seen:
@@ -125,13 +141,20 @@ def load_run(path: Path) -> RunRecord:
     if mfile.exists():
         try:
             metrics = json.loads(mfile.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
+        except ValueError as e:
             failure = {"error_type": "CorruptResults", "message": f"unreadable metrics.json: {e}"}
     if ffile.exists():
-        failed = json.loads(ffile.read_text(encoding="utf-8"))
+        try:
+            failed = json.loads(ffile.read_text(encoding="utf-8"))
+        except ValueError as e:
+            failed = {"error_type": "CorruptResults", "message": f"unreadable failure.json: {e}"}
         # A failure newer than the metrics (a re-run into the same directory) wins.
         if metrics is None or ffile.stat().st_mtime >= mfile.stat().st_mtime:
             failure, metrics = failed, None
+    if metrics is not None:
+        problem = _check_per_question(path / PER_QUESTION_FILE)
+        if problem:
+            failure, metrics = {"error_type": "CorruptResults", "message": problem}, None
     if metrics is None and failure is None:
         failure = {"error_type": "Unfinished", "message": "the job wrote no metrics.json (killed or crashed?)"}
 
@@ -149,6 +172,24 @@ def load_run(path: Path) -> RunRecord:
         job_num=int(job_num) if job_num is not None else None,
         sweep_dir=sweep_dir,
     )
+
+
+def _check_per_question(f: Path) -> str | None:
+    """A finished run's per_question.jsonl must parse (the paired comparisons read it): the problem
+    in one line, or None."""
+    if not f.exists():
+        return None
+    try:
+        with open(f, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        json.loads(line)
+                    except ValueError as e:
+                        return f"unreadable {PER_QUESTION_FILE}, line {lineno}: {e}"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"unreadable {PER_QUESTION_FILE}: {e}"
+    return None
 
 
 def load_records(paths: list[Path] | list[str]) -> list[RunRecord]:
@@ -372,10 +413,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path)
     args = parser.parse_args(argv)
-    records = load_records(args.paths)
+    try:
+        records = load_records(args.paths)
+    except FileNotFoundError as e:
+        print(f"aggregate: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("aggregate: interrupted", file=sys.stderr)
+        return 130
     if not records:
-        print("no runs (metrics.json) found under " + ", ".join(map(str, args.paths)), file=sys.stderr)
-        return 1
+        print("aggregate: error: no runs (metrics.json or failure.json) under " + ", ".join(map(str, args.paths)),
+              file=sys.stderr)
+        return 2
     df, varying, metrics = summary_frame(records)
     print(markdown_table(df, ["job", "label", "status"] + metrics + ["error"]))
     print()

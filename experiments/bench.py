@@ -11,9 +11,11 @@ command line) and returns a dict with a `table` (rows of {measure, value, unit, 
 raw numbers. Each result is written to <out>/<name>.json; <out>/bench.md collects the tables of
 the benchmarks run, <out>/results.json all of their results.
 
-Everything runs in this one process, calling rag.pipeline.run with configs composed by Hydra's
-compose API, so in-process effects (loaded models, memoized candidates) are what a sweep on the
-basic launcher sees.
+The sweep benchmarks run `python run.py` as a user does, one fresh process per command, so
+imports, model loading and a multirun's summary and charts are in what they measure.
+`--headline` gathers the issue's ratios (generation_speedup, generation_identical_share,
+embed_speedup, alpha_sweep_ratio, grid_sweep_ratio) from this run and the families' into
+results.json and headline.json (`make bench` does this last).
 """
 from __future__ import annotations
 
@@ -96,135 +98,180 @@ class BenchContext:
         return path
 
 
-def _clear_memo() -> None:
-    try:
-        from rag.retrieval import clear_memo
-    except ImportError:  # an older retriever without in-process memoization
-        return
-    clear_memo()
-
-
-def _preload_models(ctx: BenchContext, overrides: list[str]) -> float:
-    """Loads the pipeline's and the evaluator's embedders once, so no measurement below pays for
-    loading model weights (every measured run finds them in the process, as a sweep's jobs do)."""
-    from hydra.utils import instantiate
-
-    cfg = ctx.compose(overrides)
-    t0 = time.perf_counter()
-    for node in (cfg.embedder, cfg.eval.embedder):
-        emb = instantiate(node, _convert_="all")
-        emb.encode(["warm-up"], show_progress=False)
-        if hasattr(emb, "encode_queries"):
-            emb.encode_queries(["warm-up"])
-    return time.perf_counter() - t0
-
-
 ALPHAS = (0.1, 0.3, 0.5, 0.7, 0.9)
+ALPHA_BASE = ["retriever=hybrid", "fusion=weighted"]
+# The grid runs on a smaller slice: it builds three chunkings twice (the three runs, then the
+# sweep, each in an empty cache), and the ratio, not the corpus size, is what it measures.
+GRID_SLICE = ["slice.docs_per_source=20", "slice.questions_per_corpus=10"]
+CHUNK_SIZES = (256, 512, 1024)
+GRID_ALPHAS = (0.3, 0.5, 0.7)
 
 
-@benchmark("alpha_sweep", "cost of a 5-point fusion.alpha sweep relative to one run, cold and on a cached index")
+def _process(args: list[str], out: Path, cache: Path, overrides: list[str], multirun: bool = False) -> dict[str, Any]:
+    """`python run.py [-m] ...` in a fresh process, as a user runs it: (wall seconds, metrics of
+    each job, stage timings). Imports, model loading and, for a multirun, the summary and charts
+    written at its end are all in the wall time."""
+    import subprocess
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    where = f"hydra.sweep.dir={out}" if multirun else f"hydra.run.dir={out}"
+    cmd = [sys.executable, str(PROJECT_ROOT / "run.py"), *(["-m"] if multirun else []), *overrides, *args,
+           f"paths.cache={cache}", "embedder.show_progress=false", where]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(PROJECT_ROOT), check=False)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[2:])}: exit {done.returncode}: {done.stderr.strip()[-1200:]}")
+    docs = sorted(out.glob("*/metrics.json") if multirun else [out / "metrics.json"], key=lambda f: str(f))
+    jobs = [json.loads(d.read_text()) for d in docs]
+    return {"wall_s": round(wall, 3), "jobs": len(jobs),
+            "stages_s": [j.get("timings_s", {}) for j in jobs],
+            "objective": [j["objective"]["value"] for j in jobs],
+            "latency_method": [j.get("latency_method") for j in jobs],
+            "retrieve_ms_median": [j.get("latency", {}).get("retrieve_ms_median") for j in jobs],
+            "all_cached": all(all(a.get("hit") for a in j["artifacts"].values()) for j in jobs)}
+
+
+def _fresh(ctx: BenchContext, name: str, main_cache: Path) -> Path:
+    """An empty cache whose rendered corpora and exported/trained models link to the main cache:
+    a cold run builds chunks, vectors and indexes (the ONNX export is timed separately)."""
+    from experiments.benchmarks.common import cold_cache
+
+    return cold_cache(ctx.out / "caches" / name, share_from=main_cache)
+
+
+@benchmark("alpha_sweep", "cost of a 5-point fusion.alpha sweep (python run.py -m sweep=alpha) relative to one run, cold and on a cached index")
 def alpha_sweep(ctx: BenchContext) -> dict[str, Any]:
-    """retriever=hybrid fusion=weighted, alpha in 0.1..0.9, all in this process.
+    """Both sides are what a user runs, each in a fresh process: `python run.py retriever=hybrid
+    fusion=weighted fusion.alpha=0.5` against `python run.py -m sweep=alpha` (5 jobs on Hydra's
+    basic launcher, then the summary and charts).
 
-    cold: an empty artifact cache (corpus renderings shared): one run at alpha 0.5; then, in
-          another empty cache, the 5-point sweep. Skipped with --quick.
-    warm: a cache holding every artifact (the cold one, or with --quick the configured cache,
-          warmed by one run first): one run at alpha 0.5 and the sweep, alternated `repeats`
-          times and reported as medians, so that load from other processes hits both alike.
-    The in-process candidate memo is cleared before each measurement, so a 'one run' searches
-    from scratch and a sweep's later jobs reuse what its first job searched, as the jobs of a
-    multirun on Hydra's basic launcher do.
+    cold: each side in its own empty artifact cache (rendered corpora and exported models shared);
+          skipped with --quick.
+    warm: the main cache holding every artifact (warmed by one run first); the two sides
+          alternated `repeats` times (one, sweep, sweep, one, ...) and reported as medians, so that
+          load from other processes hits both alike.
     """
-    base = ["retriever=hybrid", "fusion=weighted"]
-    main_cache = Path(ctx.compose(base).paths.cache)
-    model_s = _preload_models(ctx, base)
-
-    def one(cache: Path, tag: str) -> tuple[float, dict[str, Any]]:
-        _clear_memo()
-        result, s = ctx.run(base + ["fusion.alpha=0.5"], tag, cache)
-        return s, result
-
-    def sweep(cache: Path, tag: str) -> tuple[float, list[float], list[dict[str, Any]]]:
-        _clear_memo()
-        per, results = [], []
-        t0 = time.perf_counter()
-        for a in ALPHAS:
-            result, s = ctx.run(base + [f"fusion.alpha={a}"], f"{tag}-alpha{a}", cache)
-            per.append(s)
-            results.append(result)
-        return time.perf_counter() - t0, per, results
-
-    out: dict[str, Any] = {"alphas": list(ALPHAS), "model_load_s": round(model_s, 3)}
-    scratch: list[Path] = []
-    if ctx.quick:
-        warm_cache = main_cache
-        one(warm_cache, "warm-up")  # builds whatever is missing
-    else:
-        warm_cache = ctx.fresh_cache("cold-one", share_corpus_from=main_cache)
-        cold_b = ctx.fresh_cache("cold-sweep", share_corpus_from=main_cache)
-        scratch += [warm_cache, cold_b]
-        cold_one_s, first = one(warm_cache, "cold-one")
-        cold_sweep_s, cold_per, _ = sweep(cold_b, "cold-sweep")
-        out.update({
-            "cold_one_s": round(cold_one_s, 3),
-            "cold_sweep_s": round(cold_sweep_s, 3),
-            "cold_sweep_per_job_s": [round(s, 3) for s in cold_per],
-            "ratio_cold": round(cold_sweep_s / cold_one_s, 3),
-            "cold_one_stages_s": first.get("timings_s", {}),
-        })
-
-    ones, sweeps, per_jobs, results = [], [], [], []
+    main_cache = Path(ctx.compose(ALPHA_BASE).paths.cache)
+    out: dict[str, Any] = {"alphas": list(ALPHAS), "loadavg_start": _loadavg()}
+    sweep_args = ["sweep=alpha"]
+    one_args = [*ALPHA_BASE, "fusion.alpha=0.5"]
+    if not ctx.quick:
+        c1, c2 = _fresh(ctx, "cold-one", main_cache), _fresh(ctx, "cold-sweep", main_cache)
+        one = _process(one_args, ctx.out / "runs" / "cold-one", c1, ctx.overrides)
+        sweep = _process(sweep_args, ctx.out / "runs" / "cold-sweep", c2, ctx.overrides, multirun=True)
+        out.update({"cold_one_s": one["wall_s"], "cold_sweep_s": sweep["wall_s"],
+                    "ratio_cold": round(sweep["wall_s"] / one["wall_s"], 3),
+                    "cold_one_stages_s": one["stages_s"][0], "cold_sweep_stages_s": sweep["stages_s"]})
+        for c in (c1, c2):
+            shutil.rmtree(c, ignore_errors=True)
+    _process(one_args, ctx.out / "runs" / "warm-up", main_cache, ctx.overrides)  # builds whatever is missing
+    ones, sweeps = [], []
     for i in range(max(1, ctx.repeats)):
-        s1, results_one = one(warm_cache, f"warm-one-{i}")
-        s5, per, results = sweep(warm_cache, f"warm-sweep-{i}")
-        ones.append(s1)
-        sweeps.append(s5)
-        per_jobs.append(per)
-    for c in scratch:  # benchmark caches are scratch (the corpus link is removed, not followed)
-        shutil.rmtree(c, ignore_errors=True)
-
-    warm_one_s, warm_sweep_s = statistics.median(ones), statistics.median(sweeps)
+        order = ("one", "sweep") if i % 2 == 0 else ("sweep", "one")
+        for side in order:
+            if side == "one":
+                ones.append(_process(one_args, ctx.out / "runs" / f"warm-one-{i}", main_cache, ctx.overrides))
+            else:
+                sweeps.append(_process(sweep_args, ctx.out / "runs" / f"warm-sweep-{i}", main_cache, ctx.overrides,
+                                       multirun=True))
+    one_s = [r["wall_s"] for r in ones]
+    sweep_s = [r["wall_s"] for r in sweeps]
     out.update({
-        "warm_one_s": round(warm_one_s, 3),
-        "warm_one_repeats_s": [round(s, 3) for s in ones],
-        "warm_sweep_s": round(warm_sweep_s, 3),
-        "warm_sweep_repeats_s": [round(s, 3) for s in sweeps],
-        "warm_sweep_per_job_s": [[round(s, 3) for s in per] for per in per_jobs],
-        "ratio_warm": round(warm_sweep_s / warm_one_s, 3),
-        "warm_ratio_repeats": [round(b / a, 3) for a, b in zip(ones, sweeps)],
-        "warm_sweep_all_artifacts_cached": all(all(a.get("hit") for a in r["artifacts"].values()) for r in results),
-        "warm_one_stages_s": results_one.get("timings_s", {}),
-        "counts": results_one.get("counts", {}),
-        "objective_by_alpha": {str(a): r["objective"]["value"] for a, r in zip(ALPHAS, results)},
+        "warm_one_s": round(statistics.median(one_s), 3), "warm_one_repeats_s": one_s,
+        "warm_sweep_s": round(statistics.median(sweep_s), 3), "warm_sweep_repeats_s": sweep_s,
+        "ratio_warm": round(statistics.median(sweep_s) / statistics.median(one_s), 3),
+        "warm_ratio_repeats": [round(b / a, 3) for a, b in zip(one_s, sweep_s)],
+        "warm_sweep_all_artifacts_cached": all(r["all_cached"] for r in sweeps),
+        "warm_one_stages_s": ones[-1]["stages_s"][0], "warm_sweep_stages_s": sweeps[-1]["stages_s"],
+        "objective_by_alpha": dict(zip(map(str, ALPHAS), sweeps[-1]["objective"])),
+        "latency_method": sweeps[-1]["latency_method"][0],
+        "sweep_jobs_retrieve_ms_median": sweeps[-1]["retrieve_ms_median"],
+        "loadavg_end": _loadavg(),
     })
-    if "cold_one_s" in out:
-        out["warm_sweep_vs_one_cold"] = round(warm_sweep_s / out["cold_one_s"], 3)
-
+    out["alpha_sweep_ratio"] = max(out["ratio_warm"], out.get("ratio_cold", 0.0))
     n = len(ALPHAS)
     table = []
     if "cold_one_s" in out:
         table += [
-            {"measure": "one run, cold cache", "value": out["cold_one_s"], "unit": "s",
-             "note": "builds chunks, vectors, indexes (corpus rendering cached)"},
-            {"measure": f"{n}-point alpha sweep, cold cache", "value": out["cold_sweep_s"], "unit": "s",
-             "note": "the first job builds, the others reuse"},
-            {"measure": "cold ratio: sweep / one run", "value": out["ratio_cold"], "unit": "x",
-             "note": f"{n} independent cold runs would be {n}x"},
+            {"measure": "one run, cold cache (process)", "value": out["cold_one_s"], "unit": "s",
+             "note": "builds chunks, vectors, indexes"},
+            {"measure": f"{n}-point alpha sweep, cold cache (process)", "value": out["cold_sweep_s"], "unit": "s",
+             "note": "the first job builds, the others reuse; summary and charts included"},
+            {"measure": "cold ratio: sweep / one run", "value": out["ratio_cold"], "unit": "x", "note": "target <= 1.15"},
         ]
-    reps = len(ones)
     table += [
-        {"measure": "one run, cached index", "value": out["warm_one_s"], "unit": "s", "note": f"median of {reps}"},
-        {"measure": f"{n}-point alpha sweep, cached index", "value": out["warm_sweep_s"], "unit": "s",
-         "note": f"median of {reps}"},
-        {"measure": "**alpha-sweep cost ratio** (warm): sweep / one run", "value": out["ratio_warm"], "unit": "x",
-         "note": f"{n}x = nothing shared between jobs; per repeat {out['warm_ratio_repeats']}"},
+        {"measure": "one run, cached index (process)", "value": out["warm_one_s"], "unit": "s",
+         "note": f"median of {len(one_s)}: {one_s}"},
+        {"measure": f"{n}-point alpha sweep, cached index (process)", "value": out["warm_sweep_s"], "unit": "s",
+         "note": f"median of {len(sweep_s)}: {sweep_s}"},
+        {"measure": "warm ratio: sweep / one run", "value": out["ratio_warm"], "unit": "x",
+         "note": f"target <= 1.15; per repeat {out['warm_ratio_repeats']}"},
+        {"measure": "**alpha_sweep_ratio** (worse of cold and warm)", "value": out["alpha_sweep_ratio"], "unit": "x", "note": ""},
+        {"measure": "per-job retrieval latency median (each job measured its own)",
+         "value": str(out["sweep_jobs_retrieve_ms_median"]), "unit": "ms", "note": str(out["latency_method"])},
     ]
-    if "warm_sweep_vs_one_cold" in out:
-        table.append({"measure": "warm sweep / one cold run", "value": out["warm_sweep_vs_one_cold"], "unit": "x",
-                      "note": "a whole sweep on a cached index vs building the index once"})
-    table.append({"measure": "model loading (excluded above)", "value": out["model_load_s"], "unit": "s", "note": ""})
     out["table"] = table
     return out
+
+
+@benchmark("grid_sweep", "cost of a 3x3 chunk size x alpha sweep relative to the three runs that build its three chunkings")
+def grid_sweep(ctx: BenchContext) -> dict[str, Any]:
+    """Cold, each side in its own empty cache, each command in a fresh process, on a smaller slice
+    (GRID_SLICE): three runs `chunker.chunk_size=c fusion.alpha=0.5` (c = 256, 512, 1024) in a row
+    against `python run.py -m sweep=chunk_alpha` (9 jobs: each chunking is built by its first job
+    and reused by the next two, then the summary and charts)."""
+    main_cache = Path(ctx.compose(ALPHA_BASE).paths.cache)
+    c1, c2 = _fresh(ctx, "grid-runs", main_cache), _fresh(ctx, "grid-sweep", main_cache)
+    runs = [_process([*ALPHA_BASE, *GRID_SLICE, f"chunker.chunk_size={c}", "fusion.alpha=0.5"],
+                     ctx.out / "runs" / f"run-{c}", c1, ctx.overrides) for c in CHUNK_SIZES]
+    sweep = _process(["sweep=chunk_alpha", *GRID_SLICE], ctx.out / "runs" / "grid", c2, ctx.overrides, multirun=True)
+    for c in (c1, c2):
+        shutil.rmtree(c, ignore_errors=True)
+    runs_s = sum(r["wall_s"] for r in runs)
+    out = {"runs_s": [r["wall_s"] for r in runs], "three_runs_s": round(runs_s, 3), "sweep_s": sweep["wall_s"],
+           "grid_sweep_ratio": round(sweep["wall_s"] / runs_s, 3), "jobs": sweep["jobs"],
+           "sweep_stages_s": sweep["stages_s"], "sweep_jobs_retrieve_ms_median": sweep["retrieve_ms_median"],
+           "slice": GRID_SLICE}
+    out["table"] = [
+        {"measure": "three runs building chunk sizes 256/512/1024 (processes)", "value": out["three_runs_s"], "unit": "s",
+         "note": f"{out['runs_s']}; slice {' '.join(GRID_SLICE)}"},
+        {"measure": "3x3 chunk x alpha sweep (process)", "value": out["sweep_s"], "unit": "s", "note": "summary and charts included"},
+        {"measure": "**grid_sweep_ratio**", "value": out["grid_sweep_ratio"], "unit": "x", "note": "target <= 1.1"},
+        {"measure": "per-job retrieval latency median (each job measured its own)",
+         "value": str(out["sweep_jobs_retrieve_ms_median"]), "unit": "ms", "note": ""},
+    ]
+    return out
+
+
+HEADLINE_KEYS = {
+    "generation_speedup": ("families", "generation_speed", "generation_speedup"),
+    "generation_identical_share": ("families", "generation_speed", "generation_identical_share"),
+    "embed_speedup": ("families", "onnx", "embed_speedup"),
+    "alpha_sweep_ratio": ("bench", "alpha_sweep", "alpha_sweep_ratio"),
+    "grid_sweep_ratio": ("bench", "grid_sweep", "grid_sweep_ratio"),
+}
+
+
+def headline(out: Path) -> dict[str, Any]:
+    """The issue's ratios, gathered from this directory's results.json and families/results.json
+    into both results.json files and headline.json (null where a benchmark did not run)."""
+    bench = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+    fam_file = out / "families" / "results.json"
+    families = json.loads(fam_file.read_text()).get("results", {}) if fam_file.exists() else {}
+    sources = {"bench": bench, "families": families}
+    heads = {}
+    for key, (src, name, field_) in HEADLINE_KEYS.items():
+        heads[key] = (sources[src].get(name) or {}).get(field_)
+    (out / "headline.json").write_text(json.dumps(heads, indent=2))
+    if bench:
+        bench.update(heads)
+        (out / "results.json").write_text(json.dumps(bench, indent=2, default=str))
+    if fam_file.exists():
+        fam = json.loads(fam_file.read_text())
+        fam.update(heads)
+        fam_file.write_text(json.dumps(fam, indent=2, default=str))
+    return heads
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,9 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each timed measurement (median)")
     parser.add_argument("--quick", action="store_true", help="skip expensive parts (cold-cache measurements)")
+    parser.add_argument("--headline", action="store_true",
+                        help="only gather the issue's ratios from --out's results into results.json and headline.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every composed config (after --)")
     args = parser.parse_args(argv)
 
+    if args.headline:
+        print(json.dumps(headline(args.out), indent=2))
+        return 0
     if args.list:
         for b in BENCHMARKS.values():
             print(f"{b.name:<20} {b.description}")
@@ -293,7 +345,45 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args.out.mkdir(parents=True, exist_ok=True)
+    problem = _check_setup(args.out, list(args.overrides))
+    if problem:
+        print(f"bench: error: {problem}", file=sys.stderr)
+        return 2
+    done: list[str] = []
+    try:
+        results = _run_all(args, names, done)
+    except KeyboardInterrupt:
+        print(f"bench: interrupted; finished: {', '.join(done) or 'none'} (their <name>.json are complete; "
+              "results.json and bench.md were not written)", file=sys.stderr)
+        return 130
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+def _check_setup(out: Path, overrides: list[str]) -> str | None:
+    """The output directory and the overrides, checked before any benchmark spends minutes: one
+    line naming the problem, or None."""
+    from rag.config import config_error_line, is_config_error
+    from rag.schema import validate
+    from rag.types import RagError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"--out {out}: {e.strerror}"
+    try:
+        validate(BenchContext(out=out, overrides=overrides).compose())
+    except RagError as e:
+        return str(e)
+    except Exception as e:
+        if not is_config_error(e):
+            raise
+        return config_error_line(e)
+    return None
+
+
+def _run_all(args: argparse.Namespace, names: list[str], done: list[str]) -> dict[str, dict[str, Any]]:
+    from rag.cache import atomic_write_text
+
     env = _environment()
     results: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -312,13 +402,15 @@ def main(argv: list[str] | None = None) -> int:
         res["overrides"] = list(args.overrides)
         res["environment"] = env
         results[name] = res
-        (args.out / f"{name}.json").write_text(json.dumps(res, indent=2, default=str))
+        atomic_write_text(args.out / f"{name}.json", json.dumps(res, indent=2, default=str))
+        done.append(name)
         for row in res.get("table", []):
             print(f"  {row['measure']:<55} {row['value']:>10} {row.get('unit', '')}")
-    (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    (args.out / "bench.md").write_text(markdown(results, env, list(args.overrides)))
+    atomic_write_text(args.out / "results.json", json.dumps(results, indent=2, default=str))
+    atomic_write_text(args.out / "bench.md", markdown(results, env, list(args.overrides)))
+    headline(args.out)
     print(f"wrote {args.out / 'bench.md'}")
-    return 1 if any("error" in r for r in results.values()) else 0
+    return results
 
 
 if __name__ == "__main__":

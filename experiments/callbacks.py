@@ -1,10 +1,16 @@
 """Hydra callbacks (registered in conf/config.yaml under `hydra.callbacks`).
 
 `SweepSummaryCallback.on_multirun_end` runs once, in the launching process, after every job of a
-multirun (basic, joblib or Optuna): it writes summary.csv, comparison.csv, summary.md and charts/
-into the sweep directory (see experiments.report). It also opens and closes the tracker's parent
+multirun (basic, joblib or Optuna): it writes summary.csv, comparison.csv, summary.md, charts/ and
+report.html into the sweep directory (see experiments.report), and prints the verdict, the
+headline table and where those files are: the multirun's last words on the terminal. It also opens and closes the tracker's parent
 run for the sweep when tracking is on. It is imported for every run, so it imports nothing heavy
 until a multirun ends.
+
+`on_multirun_start` stamps the sweep directory with a fresh id (rag.rundir): the summary covers
+exactly the jobs of this multirun, also in a reused `hydra.sweep.dir`. `sweep_exit_status()` is
+what run.py exits with after a multirun: 1 when every job failed (or, with `report.fail_on=any`,
+when any job failed), else 0.
 """
 from __future__ import annotations
 
@@ -16,6 +22,14 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
+
+FAIL_ON = ("all", "any", "never")
+_exit_status = 0
+
+
+def sweep_exit_status() -> int:
+    """The exit status the last multirun of this process earned (see the module docstring)."""
+    return _exit_status
 
 
 def _report_settings(config: DictConfig, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -36,11 +50,16 @@ def _tracker(config: DictConfig) -> Any:
 
 class SweepSummaryCallback(Callback):
     def __init__(self, enabled: bool = True, baseline: str | None = None, formats: Any = ("png", "svg"),
-                 charts: bool = True) -> None:
+                 charts: bool = True, html: bool = True) -> None:
         self.enabled = enabled
-        self.defaults = {"baseline": baseline, "formats": list(formats), "charts": charts}
+        self.defaults = {"baseline": baseline, "formats": list(formats), "charts": charts, "html": html}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from rag.rundir import write_sweep_stamp
+
+        global _exit_status
+        _exit_status = 0
+        write_sweep_stamp(str(config.hydra.sweep.dir))
         try:
             tracker = _tracker(config)
             if tracker is not None:
@@ -49,10 +68,13 @@ class SweepSummaryCallback(Callback):
             log.warning("tracking: could not start the sweep's run (%s: %s)", type(e).__name__, e)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        global _exit_status
         sweep_dir = Path(str(config.hydra.sweep.dir))
         files: list[Path] = []
+        settings = _report_settings(config, self.defaults)
         if self.enabled:
-            files = write_sweep_summary(sweep_dir, _report_settings(config, self.defaults))
+            files = write_sweep_summary(sweep_dir, settings)
+        _exit_status = judge_sweep(sweep_dir, settings.get("fail_on") or "all")
         try:
             tracker = _tracker(config)
             if tracker is not None:
@@ -80,12 +102,42 @@ def write_sweep_summary(sweep_dir: Path, settings: dict[str, Any] | None = None)
             resamples=s.get("resamples"),
             seed=s.get("seed"),
             title=f"Sweep summary: {sweep_dir.name}",
+            html=bool(s.get("html", True)),
+            **({"max_context_chars": int(s["max_context_chars"])} if s.get("max_context_chars") else {}),
         )
         rep = build_report(records, sweep_dir, rs, source=f"Sweep directory: `{sweep_dir}`")
         n_failed = int((rep.frame["status"] != "ok").sum())
         log.info("sweep summary: %d jobs (%d failed) -> %s", len(rep.frame), n_failed, sweep_dir / "summary.md")
-        print(f"sweep summary: {len(rep.frame)} jobs ({n_failed} failed): {sweep_dir / 'summary.md'}")
+        print(f"sweep summary: {len(rep.frame)} jobs ({n_failed} failed)")
+        print(rep.terminal(), flush=True)
         return rep.files
     except Exception:
         log.exception("sweep summary failed for %s", sweep_dir)
         return []
+
+
+def judge_sweep(sweep_dir: Path, fail_on: str) -> int:
+    """1 when the sweep failed by `fail_on` (all: every job failed or none ran; any: a job failed;
+    never), with one line on stderr naming the failed jobs; else 0."""
+    import sys
+
+    from experiments.aggregate import load_records
+
+    if fail_on not in FAIL_ON:
+        print(f"ragrig: report.fail_on must be one of {', '.join(FAIL_ON)}, got {fail_on!r}; using 'all'", file=sys.stderr)
+        fail_on = "all"
+    try:
+        records = load_records([sweep_dir])
+    except Exception as e:  # noqa: BLE001
+        log.warning("could not judge the sweep in %s: %s", sweep_dir, e)
+        return 0
+    failed = [r for r in records if not r.ok]
+    names = ", ".join(str(r.job_num if r.job_num is not None else r.path.name) for r in failed)
+    if fail_on != "never" and (not records or len(failed) == len(records)):
+        n = f"{len(records)} job{'s' if len(records) != 1 else ''}"
+        print(f"ragrig: every job of the sweep failed ({n}: {names or 'none ran'}); see {sweep_dir}", file=sys.stderr)
+        return 1
+    if fail_on == "any" and failed:
+        print(f"ragrig: {len(failed)} of {len(records)} jobs failed (jobs {names}; report.fail_on=any)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,6 +1,7 @@
 """Charts of a set of runs (PNG and SVG), chosen from what varies between them.
 
-- version comparison: grouped bars of every metric per variant (or per run), 95% CI error bars;
+- version comparison: one panel per metric, a bar per variant (or run) with its 95% CI
+  (experiments.panels, with the per-corpus breakdown);
 - grid sweep: heatmap of the objective over two numeric parameters (e.g. chunk size x alpha),
   annotated cells, plus one small heatmap per metric;
 - one numeric parameter: metrics (or the objective per setting of the others) against it;
@@ -18,11 +19,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+
+from experiments import metric_info as MI
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FORMATS = ("png", "svg")
 HATCHES = ["", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---", "***", "|||"]
@@ -40,26 +46,6 @@ _RC = {
     "legend.fontsize": 8,
 }
 
-METRIC_LABELS = {
-    "recall_at_k": "recall@{k}",
-    "mrr": "MRR",
-    "precision_at_k": "precision@{k}",
-    "hit_at_k_id": "hit@{k} (source id)",
-    "mrr_id": "MRR (source id)",
-    "answer_gt": "answer–truth similarity",
-    "grounding": "grounding",
-    "hallucination": "hallucination rate",
-}
-METRIC_UNITS = {
-    "recall_at_k": "share of questions, 0–1",
-    "mrr": "mean reciprocal rank, 0–1",
-    "precision_at_k": "share of top-{k} chunks, 0–1",
-    "hit_at_k_id": "share of questions, 0–1",
-    "mrr_id": "mean reciprocal rank, 0–1",
-    "answer_gt": "cosine similarity",
-    "grounding": "cosine similarity",
-    "hallucination": "share of questions, 0–1",
-}
 PARAM_LABELS = {
     "chunker.chunk_size": "chunk size ({unit})",
     "chunker.chunk_overlap": "chunk overlap ({unit})",
@@ -82,10 +68,8 @@ PARAM_LABELS = {
 
 
 def metric_label(name: str, k: Any = "k", unit: bool = False) -> str:
-    label = METRIC_LABELS.get(name, name).format(k=k)
-    if unit:
-        return f"{label} ({METRIC_UNITS.get(name, 'mean over questions').format(k=k)})"
-    return label
+    """The metric's name for charts and tables, '↓' marking lower-is-better ones (metric_info)."""
+    return MI.label(name, k, unit=unit)
 
 
 def param_label(key: str, chunk_unit: str = "characters") -> str:
@@ -105,7 +89,8 @@ LATENCY_PREFERENCE = ("latency_total_ms_median", "latency_retrieve_ms_median")
 def latency_column(df: pd.DataFrame) -> str | None:
     """The per-question latency to plot: a median when the runs report one (end to end first),
     else retrieval time per question; None when no run reports latency."""
-    cols = [c for c in df.columns if c.startswith("latency_") and df[c].notna().any()]
+    derived = {MI.LATENCY, f"{MI.LATENCY}_ci_low", f"{MI.LATENCY}_ci_high", f"{MI.LATENCY}_n"}
+    cols = [c for c in df.columns if c.startswith("latency_") and c not in derived and df[c].notna().any()]
     for c in LATENCY_PREFERENCE:
         if c in cols:
             return c
@@ -123,11 +108,11 @@ def latency_label(col: str) -> str:
     if name.endswith("_ms_median"):
         stage = name.removesuffix("_ms_median")
         stage = "end-to-end" if stage == "total" else stage
-        return f"median {stage} latency per question (ms)"
+        return f"median {stage} latency per question (ms) {MI.LOWER_MARK}"
     if name.endswith("_ms_per_question"):
         stage = name.removesuffix("_ms_per_question")
-        return f"{stage} time per question (ms, batch time / questions)"
-    return f"{name} (ms)"
+        return f"{stage} time per question (ms, batch time / questions) {MI.LOWER_MARK}"
+    return f"{name} (ms) {MI.LOWER_MARK}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +120,11 @@ def latency_label(col: str) -> str:
 
 
 def _new_figure(w: float, h: float) -> Figure:
+    # Imported here: matplotlib's figure machinery builds a font cache under $HOME on first import,
+    # and a single run (which imports the report code but draws nothing) must write only its own
+    # output and the artifact cache.
+    from matplotlib.figure import Figure
+
     return Figure(figsize=(w, h), layout="constrained")
 
 
@@ -189,61 +179,6 @@ def _n_questions(df: pd.DataFrame, metrics: list[str]) -> str:
 # charts
 
 
-def version_chart(
-    df: pd.DataFrame,
-    metrics: list[str],
-    out_dir: Path,
-    k: Any = "k",
-    group_col: str = "label",
-    markers: dict[tuple[str, str], str] | None = None,
-    formats: Iterable[str] = FORMATS,
-    name: str = "version_comparison",
-    title: str | None = None,
-    baseline: str | None = None,
-) -> list[Path]:
-    """Grouped bars: one group per metric, one bar per variant/run, 95% CI error bars.
-    `markers[(group, metric)]` (e.g. ▲/▼ vs a baseline) is printed above the bar."""
-    ok = df[df["status"] == "ok"]
-    groups = list(ok[group_col].astype(str))
-    metrics = [m for m in metrics if m in ok and ok[m].notna().any()]
-    if not groups or not metrics:
-        return []
-    n_g, n_m = len(groups), len(metrics)
-    width = min(0.8 / n_g, 0.3)
-    label_w = max(len(g) for g in groups) * 0.065
-    fig = _new_figure(max(6.5, 1.6 + label_w + n_m * (0.35 + n_g * width * 1.1)), 4.6)
-    ax = fig.add_subplot()
-    x = np.arange(n_m)
-    shades = _gray_shades(n_g)
-    top = 0.0
-    for i, (g, (_, row)) in enumerate(zip(groups, ok.iterrows())):
-        means = np.array([row[m] for m in metrics], float)
-        err = np.hstack([_yerr(ok.loc[[row.name]], m) for m in metrics])
-        pos = x - 0.4 + width * (i + 0.5) + (0.8 - width * n_g) / 2
-        ax.bar(pos, means, width, yerr=err, capsize=2.5, label=g, color=shades[i], edgecolor="black",
-               linewidth=0.6, hatch=HATCHES[i % len(HATCHES)], error_kw={"elinewidth": 0.9})
-        highs = means + err[1]
-        top = max(top, float(np.nanmax(highs)) if np.isfinite(highs).any() else 0.0)
-        if markers:
-            for p, m, h in zip(pos, metrics, highs):
-                sym = markers.get((g, m), "")
-                if sym and np.isfinite(h):
-                    ax.text(p, h + 0.01, sym, ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(x, [metric_label(m, k).replace(" (", "\n(") for m in metrics])
-    ax.set_ylabel("mean over questions (0–1; similarities: cosine)")
-    ax.set_xlabel("metric")
-    ax.set_ylim(min(0.0, float(np.nanmin(ok[metrics].to_numpy(float))) - 0.05), max(1.0, top) * 1.08)
-    ax.grid(axis="y", linewidth=0.4, alpha=0.6)
-    ax.set_axisbelow(True)
-    nq = _n_questions(ok, metrics)
-    ax.set_title(title or f"Variant comparison: mean of each metric\nwith 95% bootstrap CI ({nq} questions)")
-    legend_title = "variant" if list(ok[group_col].astype(str)) == list(ok.get("variant", pd.Series()).astype(str)) else "run"
-    if markers and any(markers.values()):
-        legend_title += f"\n▲/▼: differs from the\nbaseline{' ' + baseline if baseline else ''} (paired 95% CI)"
-    fig.legend(title=legend_title, loc="outside right upper", frameon=True, title_fontsize=8)
-    return save(fig, out_dir, name, formats)
-
-
 def _grid(df: pd.DataFrame, x_key: str, y_key: str, value: str) -> tuple[list[Any], list[Any], np.ndarray, np.ndarray]:
     """(x values, y values, mean of `value` per cell over the other parameters, failed mask)."""
     xs = sorted(df[x_key].dropna().unique().tolist())
@@ -262,12 +197,16 @@ def _grid(df: pd.DataFrame, x_key: str, y_key: str, value: str) -> tuple[list[An
 
 
 def _heatmap(ax: Any, fig: Figure, xs: list[Any], ys: list[Any], grid: np.ndarray, failed: np.ndarray,
-             x_label: str, y_label: str, cbar_label: str, fontsize: float = 9, digits: int = 3) -> None:
+             x_label: str, y_label: str, cbar_label: str, fontsize: float = 9, digits: int = 3,
+             reverse: bool = False) -> None:
+    """Annotated heatmap; `reverse` (lower-is-better metrics) keeps "brighter is better"."""
+    from matplotlib.patches import Rectangle
+
     finite = grid[np.isfinite(grid)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
     if vmin == vmax:
         vmin, vmax = vmin - 0.05, vmax + 0.05
-    cmap = matplotlib.colormaps[CMAP].with_extremes(bad="white")
+    cmap = matplotlib.colormaps[CMAP + ("_r" if reverse else "")].with_extremes(bad="white")
     im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", origin="lower")
     for i in range(len(ys)):
         for j in range(len(xs)):
@@ -309,7 +248,7 @@ def grid_heatmaps(
     fig = _new_figure(max(6.4, 1.6 + 1.1 * len(xs)), max(4.2, 1.7 + 0.7 * len(ys)))
     ax = fig.add_subplot()
     _heatmap(ax, fig, xs, ys, grid, failed, param_label(x_key, unit), param_label(y_key, unit),
-             metric_label(objective, k, unit=True), fontsize=10)
+             metric_label(objective, k, unit=True), fontsize=10, reverse=MI.lower_is_better(objective))
     ok = df[df["status"] == "ok"]
     note = ""
     if f"{objective}_ci_low" in ok and len(ok):
@@ -324,14 +263,15 @@ def grid_heatmaps(
     if ms:
         ncols = min(3, len(ms))
         nrows = math.ceil(len(ms) / ncols)
-        fig = _new_figure(4.2 * ncols, 3.3 * nrows + 0.5)
+        fig = _new_figure(4.7 * ncols, 3.3 * nrows + 0.5)
         for idx, m in enumerate(ms):
             ax = fig.add_subplot(nrows, ncols, idx + 1)
             xs, ys, grid, failed = _grid(df, x_key, y_key, m)
             _heatmap(ax, fig, xs, ys, grid, failed, param_label(x_key, unit), param_label(y_key, unit),
-                     metric_label(m, k, unit=True), fontsize=7.5, digits=2)
+                     metric_label(m, k, unit=True), fontsize=7.5, digits=2, reverse=MI.lower_is_better(m))
             ax.set_title(metric_label(m, k), fontsize=9.5)
-        fig.suptitle(f"Grid sweep: every metric (mean over questions){over}", fontsize=11)
+        note = f"; {MI.LOWER_NOTE} (its colours reversed: brighter is better)" if any(map(MI.lower_is_better, ms)) else ""
+        fig.suptitle(f"Grid sweep: every metric (mean over questions){over}{note}", fontsize=11)
         paths += save(fig, out_dir, "grid_heatmap_metrics", formats)
     return paths
 
@@ -458,22 +398,7 @@ def jobs_chart(df: pd.DataFrame, objective: str, out_dir: Path, k: Any = "k",
 
 
 def run_chart(metrics_doc: dict[str, Any], out_dir: Path, formats: Iterable[str] = ("png",)) -> list[Path]:
-    """One run: each metric overall and per question corpus, with 95% CIs (for run trackers)."""
-    overall = metrics_doc.get("metrics", {})
-    by_corpus = metrics_doc.get("by_corpus", {})
-    k = ((metrics_doc.get("config") or {}).get("eval") or {}).get("k", "k")
-    names = list(overall)
-    if not names:
-        return []
-    rows = [("all", overall)] + list(by_corpus.items())
-    frame = []
-    for label, per in rows:
-        row: dict[str, Any] = {"label": label, "status": "ok"}
-        for m in names:
-            agg = per.get(m)
-            row[m] = agg["mean"] if agg else np.nan
-            row[f"{m}_ci_low"], row[f"{m}_ci_high"] = agg["ci95"] if agg else (np.nan, np.nan)
-            row[f"{m}_n"] = agg["n"] if agg else 0
-        frame.append(row)
-    title = f"Run {metrics_doc.get('variant', '')}: metrics overall and per question corpus (95% CI)"
-    return version_chart(pd.DataFrame(frame), names, out_dir, k=k, formats=formats, name="run_metrics", title=title)
+    """One run: each metric overall and per question corpus (experiments.panels.run_chart)."""
+    from experiments.panels import run_chart as chart
+
+    return chart(metrics_doc, out_dir, formats)

@@ -4,30 +4,73 @@
 
 A RUN_DIR is any directory holding metrics.json (a run), a sweep directory, or any parent of
 runs (e.g. outputs/runs or outputs/multirun/2025-01-31): every run below it is included, runs
-from different days and sweeps mixed freely. Writes summary.csv, comparison.csv, summary.md and
-charts/ into --out (default: a new directory outputs/compare/<timestamp>).
+from different days and sweeps mixed freely. Writes summary.csv, comparison.csv, summary.md,
+charts/ and report.html into --out (default: a new directory outputs/compare/<timestamp>), and
+prints the verdict, the headline table and the paths.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from experiments.aggregate import load_records
 from experiments.report import ReportSettings, build_report
+from rag.schema import CHART_FORMATS
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "outputs" / "compare"
 
 
 def default_out(root: Path = DEFAULT_ROOT) -> Path:
+    """A new directory, created here: two comparisons started in the same second get two."""
     base = root / time.strftime("%Y-%m-%d_%H-%M-%S")
+    root.mkdir(parents=True, exist_ok=True)
     out, i = base, 1
-    while out.exists():
-        out = base.with_name(f"{base.name}-{i}")
-        i += 1
-    return out
+    while True:
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            out = base.with_name(f"{base.name}-{i}")
+            i += 1
+
+
+def positive_int(text: str, lo: int = 1) -> int:
+    what = "a positive integer" if lo == 1 else f"an integer >= {lo}"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if value < lo:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+    return value
+
+
+def seed_int(text: str) -> int:
+    return positive_int(text, lo=0)
+
+
+def chart_formats(text: str) -> tuple[str, ...]:
+    formats = tuple(f.strip().lower() for f in text.split(",") if f.strip())
+    bad = [f for f in formats if f not in CHART_FORMATS]
+    if bad or not formats:
+        raise argparse.ArgumentTypeError(f"unknown chart format(s) {bad or text!r}; choose from {', '.join(CHART_FORMATS)}")
+    return formats
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Moves every file the report wrote from `tmp` into `out` (rename, so no reader sees half a
+    file), then removes `tmp`."""
+    for src in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        dst = out / src.relative_to(tmp)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,15 +82,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: outputs/compare/<timestamp>)")
     parser.add_argument("--baseline", default=None,
                         help="run to compare against: a label, variant or job number (default: v1 if present, else the first run)")
-    parser.add_argument("--formats", default="png,svg", help="chart formats, comma-separated (default: png,svg)")
+    parser.add_argument("--formats", type=chart_formats, default=("png", "svg"),
+                        help="chart formats, comma-separated (default: png,svg)")
     parser.add_argument("--no-charts", action="store_true", help="tables only")
-    parser.add_argument("--resamples", type=int, default=None,
+    parser.add_argument("--resamples", type=positive_int, default=None,
                         help="paired-bootstrap resamples (default: the baseline run's eval.bootstrap.resamples)")
-    parser.add_argument("--seed", type=int, default=None, help="paired-bootstrap seed (default: the baseline run's)")
+    parser.add_argument("--seed", type=seed_int, default=None, help="paired-bootstrap seed (default: the baseline run's)")
     parser.add_argument("--title", default="Run comparison")
+    parser.add_argument("--no-html", action="store_true", help="no report.html")
+    parser.add_argument("--max-context-chars", type=int, default=1200,
+                        help="report.html: longest context text kept, around its matching span (default: 1200)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
+    try:
+        return compare(args)
+    except KeyboardInterrupt:
+        print("compare: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+def compare(args: argparse.Namespace) -> int:
     try:
         records = load_records(args.runs)
     except FileNotFoundError as e:
@@ -56,22 +111,46 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print("compare: error: no runs (metrics.json or failure.json) under " + ", ".join(map(str, args.runs)),
               file=sys.stderr)
-        return 1
-    out = args.out or default_out()
+        return 2
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        print(f"compare: error: --out {args.out} is a file, not a directory", file=sys.stderr)
+        return 2
+    created = args.out is None or not args.out.exists()
+    try:
+        out = args.out or default_out()
+        out.mkdir(parents=True, exist_ok=True)
+        # The report is built beside `out` and moved in when complete: an interrupted or failed
+        # comparison leaves no half a report there.
+        tmp = Path(tempfile.mkdtemp(prefix=".compare-", dir=out.parent))
+    except OSError as e:
+        print(f"compare: error: cannot create the output directory: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 2
     settings = ReportSettings(
         baseline=args.baseline,
-        formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
+        formats=tuple(args.formats),
         charts=not args.no_charts,
         resamples=args.resamples,
         seed=args.seed,
         title=args.title,
+        html=not args.no_html,
+        max_context_chars=args.max_context_chars,
     )
     source = "Runs: " + ", ".join(f"`{p}`" for p in args.runs)
-    rep = build_report(records, out, settings, source=source)
+    try:
+        rep = build_report(records, tmp, settings, source=source)
+        files = [out / Path(f).relative_to(tmp) for f in rep.files]
+        publish(tmp, out)
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     n_failed = int((rep.frame["status"] != "ok").sum())
     print(f"{len(rep.frame)} runs ({n_failed} failed), baseline {rep.baseline}")
-    for f in rep.files:
+    for f in files:
         print(f"  {f}")
+    print(rep.terminal())
     return 0
 
 

@@ -6,9 +6,14 @@ Used at the end of every multirun (experiments.callbacks, in the sweep directory
 - summary.csv: one row per job: job number, label, status (ok/failed), error type and message,
   the overrides (all of them, and one column per overridden key), the objective, and every metric
   with its 95% CI columns and n, latency, counts and stage timings.
-- comparison.csv: for every run and metric, the paired-bootstrap difference from the baseline run
-  (same question ids resampled jointly) with its 95% CI and whether the CI excludes zero.
-- summary.md: the tables in markdown, differences marked ▲/▼, failed jobs, and the charts.
+- comparison.csv: for every run and metric, the paired difference from the baseline run over the
+  questions both share, its 95% paired-bootstrap CI, the sign-flip test's p-value, the
+  Holm-adjusted p-value, significance after correction, and the minimum detectable effect
+  (experiments.verdict).
+- summary.md: the verdict in words first, then the tables, differences marked ▲/▼ where
+  significant after Holm's correction, the smallest detectable difference per metric, failed jobs,
+  and the charts.
+- report.html: one self-contained page with all of it and every question (experiments.html_report).
 """
 from __future__ import annotations
 
@@ -22,9 +27,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from eval.stats import bootstrap_ci
 from experiments import charts as C
+from experiments import metric_info as MI
+from experiments import panels as P
+from experiments import verdict as V
 from experiments.aggregate import RunRecord, markdown_table, summary_frame
-from experiments.stats import PairedDiff, paired_bootstrap
+from experiments.stats import PERMUTATIONS
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,10 @@ class ReportSettings:
     seed: int | None = None  # None: the baseline run's eval.bootstrap.seed
     confidence: float = 0.95
     title: str = "Sweep summary"
+    alpha: float = V.ALPHA  # family-wise error rate of the Holm-corrected comparisons
+    permutations: int = PERMUTATIONS  # sign patterns of the paired randomization test
+    html: bool = True  # also write report.html
+    max_context_chars: int = 1200  # report.html: longest context text kept (around its matching span)
 
 
 @dataclass
@@ -55,10 +68,38 @@ class Report:
     objective: str
     baseline: str | None
     charts: list[Path] = field(default_factory=list)
+    verdict: str = ""  # the verdict in words (also the opening of summary.md and report.html)
+    mde: pd.DataFrame = field(default_factory=pd.DataFrame)  # smallest detectable difference per metric
+    n_tests: int = 0  # comparisons in Holm's family
+    alpha: float = V.ALPHA
+    k: Any = "k"
+    unit: str = "characters"
+    by_corpus: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, corpus, metric, mean, ci_low, ci_high, n
+    html: Path | None = None
+    settings: ReportSettings = field(default_factory=ReportSettings)
+    source: str = ""
 
     @property
     def files(self) -> list[Path]:
-        return [self.out_dir / "summary.csv", self.out_dir / "comparison.csv", self.out_dir / "summary.md", *self.charts]
+        out = [self.out_dir / "summary.csv", self.out_dir / "comparison.csv", self.out_dir / "summary.md"]
+        return out + ([self.html] if self.html else []) + list(self.charts)
+
+    @property
+    def quality_metrics(self) -> list[str]:
+        """The compared metrics on a 0–1-like scale (the derived latency has its own charts)."""
+        return [m for m in self.metrics if m != MI.LATENCY]
+
+    def headline(self) -> list[str]:
+        return V.headline_metrics(self.objective, self.metrics)
+
+    def terminal(self, width: int = V.WIDTH) -> str:
+        """The verdict, each run's headline metrics with corrected markers, and where the files are."""
+        cmp = V.Comparison(self.comparison, self.mde, self.alpha, self.n_tests)
+        table = V.headline_table(self.frame, cmp, self.headline(), self.baseline, self.k, self.objective, width)
+        charts_dir = self.out_dir / "charts" if self.charts else None
+        paths = {"summary": self.out_dir / "summary.md", "charts": f"{charts_dir}/" if charts_dir else None,
+                 "report": self.html}
+        return V.terminal_text(self.verdict, table, self.baseline, paths, self.n_tests, width)
 
 
 def _first(values: list[Any], default: Any) -> Any:
@@ -89,31 +130,34 @@ def pick_baseline(records: list[RunRecord], frame: pd.DataFrame, wanted: str | N
     return ok[0]
 
 
-def compare_to_baseline(records: list[RunRecord], frame: pd.DataFrame, metrics: list[str], base: int | None,
-                        settings: ReportSettings) -> pd.DataFrame:
+def latency_columns(records: list[RunRecord], frame: pd.DataFrame, settings: ReportSettings, resamples: int,
+                    seed: int) -> bool:
+    """Adds the derived per-question latency (mean with its bootstrap CI) to the frame; False when
+    no run recorded per-question latency."""
+    if not any(r.ok and V.has_latency(r) for r in records):
+        return False
+    cols: dict[str, list[float]] = {MI.LATENCY: [], f"{MI.LATENCY}_ci_low": [], f"{MI.LATENCY}_ci_high": [],
+                                    f"{MI.LATENCY}_n": []}
+    for rec in records:
+        v = np.array([x for x in V.question_values(rec, MI.LATENCY).values() if x is not None], float) if rec.ok else []
+        lo, hi = bootstrap_ci(v, resamples, settings.confidence, seed) if len(v) else (np.nan, np.nan)
+        for c, x in zip(cols, (float(np.mean(v)) if len(v) else np.nan, lo, hi, len(v))):
+            cols[c].append(x)
+    for c, vals in cols.items():
+        frame[c] = vals
+    return True
+
+
+def corpus_frame(records: list[RunRecord], labels: list[str], metrics: list[str]) -> pd.DataFrame:
     rows = []
-    if base is None:
-        return pd.DataFrame(rows)
-    bcfg = ((records[base].config or {}).get("eval") or {}).get("bootstrap") or {}
-    resamples = int(settings.resamples if settings.resamples is not None else bcfg.get("resamples", 1000))
-    seed = int(settings.seed if settings.seed is not None else bcfg.get("seed", 0))
-    base_vals = {m: records[base].question_values(m) for m in metrics}
-    for i, rec in enumerate(records):
-        if not rec.ok or i == base:
-            continue
-        for m in metrics:
-            other = rec.question_values(m)
-            if not base_vals[m] or not other:
-                continue
-            d: PairedDiff = paired_bootstrap(base_vals[m], other, resamples, settings.confidence, seed)
-            if d.n == 0:
-                continue
-            rows.append({
-                "job": frame.loc[i, "job"], "label": frame.loc[i, "label"], "metric": m,
-                "baseline": frame.loc[base, "label"], "diff": d.mean_diff, "ci_low": d.ci_low, "ci_high": d.ci_high,
-                "n": d.n, "p_value": d.p_value, "significant": d.significant, "marker": d.marker(),
-            })
-    return pd.DataFrame(rows)
+    for rec, lab in zip(records, labels):
+        for corpus, per in ((rec.metrics or {}).get("by_corpus") or {}).items():
+            for m in metrics:
+                agg = per.get(m)
+                if agg:
+                    rows.append({"run": lab, "corpus": corpus, "metric": m, "mean": agg["mean"],
+                                 "ci_low": agg["ci95"][0], "ci_high": agg["ci95"][1], "n": agg["n"]})
+    return pd.DataFrame(rows, columns=["run", "corpus", "metric", "mean", "ci_low", "ci_high", "n"])
 
 
 def _numeric_keys(frame: pd.DataFrame, keys: list[str]) -> list[str]:
@@ -131,12 +175,15 @@ def _pick_grid(numeric: list[str]) -> tuple[str, str]:
     return x, y
 
 
-def make_charts(frame: pd.DataFrame, varying: list[str], metrics: list[str], objective: str, out_dir: Path,
-                k: Any, unit: str, markers: dict[tuple[str, str], str], formats: tuple[str, ...],
-                baseline: str | None = None) -> list[Path]:
-    """Choose the charts from what varies: variants -> grouped bars; two numeric parameters on a
-    grid -> heatmaps; one numeric parameter -> lines; anything else -> objective per job. A latency
-    vs quality scatter whenever two or more jobs report latency."""
+def make_charts(rep: Report, out_dir: Path, formats: tuple[str, ...]) -> list[Path]:
+    """Choose the charts from what varies: variants -> one panel per metric; two numeric
+    parameters on a grid -> heatmaps; one numeric parameter -> lines; anything else -> objective
+    per job. A latency vs quality scatter whenever two or more jobs report latency, and a
+    per-corpus breakdown of the headline metrics when the questions come from several corpora."""
+    frame, varying, objective, k, unit = rep.frame, rep.varying, rep.objective, rep.k, rep.unit
+    metrics = rep.quality_metrics
+    markers = {(str(r["label"]), r["metric"]): r["marker"] for _, r in rep.comparison.iterrows()} \
+        if not rep.comparison.empty else {}
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
         return []
@@ -145,7 +192,8 @@ def make_charts(frame: pd.DataFrame, varying: list[str], metrics: list[str], obj
     categorical = [v for v in varying if v not in numeric]
     chose = False
     if "variant" in varying or not varying or (categorical and not numeric):
-        paths += C.version_chart(frame, metrics, out_dir, k=k, markers=markers, formats=formats, baseline=baseline)
+        paths += P.version_chart(frame, rep.metrics, out_dir, k=k, markers=markers, formats=formats,
+                                 baseline=rep.baseline)
         chose = True
     if len(numeric) >= 2:
         x, y = _pick_grid(numeric)
@@ -172,6 +220,8 @@ def make_charts(frame: pd.DataFrame, varying: list[str], metrics: list[str], obj
     if len(ok) >= 2:
         group = numeric[0] if numeric else (varying[0] if varying else None)
         paths += C.latency_chart(frame, out_dir, k=k, group_col=group, formats=formats)
+    if not rep.by_corpus.empty and rep.by_corpus["corpus"].nunique() >= 2:
+        paths += P.corpus_chart(rep.by_corpus, rep.headline(), out_dir, k=k, formats=formats)
     return paths
 
 
@@ -180,68 +230,84 @@ def _cell(row: pd.Series, m: str, marker: str) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
     lo, hi = row.get(f"{m}_ci_low"), row.get(f"{m}_ci_high")
-    s = f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+    s = f"{MI.fmt(m, v)} [{MI.fmt(m, lo)}, {MI.fmt(m, hi)}]"
     return f"{s} {marker}" if marker else s
 
 
-def summary_markdown(rep: Report, frame: pd.DataFrame, records: list[RunRecord], k: Any, settings: ReportSettings,
-                     source: str) -> str:
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def best_run(rep: Report) -> pd.Series | None:
+    """The successful run with the best objective, in the objective's direction (None for fewer
+    than two)."""
+    ok = rep.frame[rep.frame["status"] == "ok"]
+    if len(ok) < 2 or rep.objective not in ok or not ok[rep.objective].notna().any():
+        return None  # a single run is not "best" of anything
+    return ok.loc[ok[rep.objective].idxmin() if MI.lower_is_better(rep.objective) else ok[rep.objective].idxmax()]
+
+
+def method_note(rep: Report) -> str:
+    """How the comparisons are made, for the footnote of summary.md and report.html."""
+    s = rep.settings
+    return (f"Each run is compared with the baseline {rep.baseline} question by question, over the question "
+            f"ids both runs scored (n per comparison in comparison.csv). The interval is a paired bootstrap "
+            f"(question ids resampled jointly) 95% percentile CI of the mean difference; it is per comparison, "
+            f"not adjusted. The p-value is a two-sided paired randomization (sign-flip) test: under 'no "
+            f"difference' each question's two values are exchangeable, so every per-question difference is as "
+            f"likely with either sign; exact when 2^n ≤ {s.permutations:,} sign patterns, else {s.permutations:,} "
+            f"random patterns with the +1 correction (a valid p-value, never below 1/{s.permutations + 1:,}). "
+            f"It is used rather than the share of bootstrap means beyond zero because it is a test under the "
+            f"null, which Holm's procedure needs, and it is the test recommended for IR evaluation (Smucker, "
+            f"Allan & Carterette 2007). Correction for multiple comparisons: Holm–Bonferroni step-down over "
+            f"all {rep.n_tests} compared (run, metric) cells, family-wise α = {rep.alpha:g}; ▲/▼ mark cells "
+            f"whose Holm-adjusted p-value is below α (▲ higher, ▼ lower; on {MI.LOWER_MARK} metrics lower is "
+            f"better). Smallest detectable difference: (z(1−α′/2) + z(0.8)) · sd / √n, with sd the standard "
+            f"deviation of the per-question differences and n the shared questions (medians over the runs), "
+            f"at α′ = α/m, Holm's strictest step (conservative), and at the nominal α.")
+
+
+def summary_markdown(rep: Report, k: Any, source: str) -> str:
+    frame = rep.frame
     ok = frame[frame["status"] == "ok"]
     failed = frame[frame["status"] != "ok"]
-    lines = [f"# {settings.title}", ""]
+    lines = [f"# {rep.settings.title}", ""]
+    if rep.verdict:
+        lines += ["## Verdict", "", rep.verdict, ""]
     if source:
         lines.append(f"{source}  ")
+    direction = "lower" if MI.lower_is_better(rep.objective) else "higher"
     lines.append(f"{len(frame)} jobs: {len(ok)} ok, {len(failed)} failed. Objective: "
-                 f"**{C.metric_label(rep.objective, k)}** (`{rep.objective}`, higher is better). "
+                 f"**{C.metric_label(rep.objective, k)}** (`{rep.objective}`, {direction} is better). "
                  f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}.")
     if rep.varying:
         lines.append(f"Varying: {', '.join(f'`{v}`' for v in rep.varying)}.")
     lines.append("")
-    if not ok.empty and rep.objective in ok and ok[rep.objective].notna().any():
-        best = ok.loc[ok[rep.objective].idxmax()]
-        lines.append(f"Best: **{best['label']}** (job {best['job']}): {C.metric_label(rep.objective, k)} = "
-                     f"{best[rep.objective]:.3f} [{best[f'{rep.objective}_ci_low']:.3f}, "
-                     f"{best[f'{rep.objective}_ci_high']:.3f}].")
+    best = best_run(rep)
+    if best is not None:
+        o = rep.objective
+        job = f" (job {best['job']})" if str(best["job"]) != "" else ""
+        lines.append(f"Best: **{best['label']}**{job}: {C.metric_label(o, k)} = "
+                     f"{_cell(best, o, '')}.")
         lines.append("")
 
-    markers: dict[tuple[str, str], str] = {}
-    diffs: dict[tuple[str, str], pd.Series] = {}
-    if not rep.comparison.empty:
-        for _, r in rep.comparison.iterrows():
-            markers[(str(r["label"]), r["metric"])] = r["marker"]
-            diffs[(str(r["label"]), r["metric"])] = r
-
+    markers = {(str(r["label"]), r["metric"]): r["marker"] for _, r in rep.comparison.iterrows()} \
+        if not rep.comparison.empty else {}
     lines += ["## Results", ""]
-    if rep.baseline is not None:
-        nq = int(rep.comparison["n"].max()) if not rep.comparison.empty else 0
-        lines.append(f"Mean [95% bootstrap CI] per metric. Baseline: **{rep.baseline}**. "
-                     f"▲/▼: higher/lower than the baseline, the paired-bootstrap 95% CI of the difference "
-                     f"(same {nq} question ids resampled jointly) excludes zero. No correction for multiple "
-                     f"comparisons.")
+    if rep.baseline is not None and rep.n_tests:
+        lines.append(f"Mean [95% bootstrap CI] per metric. Baseline: **{rep.baseline}**. ▲/▼: higher/lower than "
+                     f"the baseline, significant after Holm's correction over {rep.n_tests} comparisons "
+                     f"(α = {rep.alpha:g}; see Method). {MI.LOWER_NOTE}.")
         lines.append("")
     header = ["job", "run", "status"] + [C.metric_label(m, k) for m in rep.metrics]
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "---|" * len(header))
+    lines += [_md_row(header), "|" + "---|" * len(header)]
     for _, row in frame.iterrows():
         label = str(row["label"]) + (" (baseline)" if str(row["label"]) == rep.baseline else "")
         cells = [str(row["job"]), label, str(row["status"])]
         cells += [_cell(row, m, markers.get((str(row["label"]), m), "")) for m in rep.metrics]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append(_md_row(cells))
     lines.append("")
-
-    if diffs:
-        lines += [f"## Differences vs baseline ({rep.baseline})", "",
-                  "Mean per-question difference (run − baseline) [paired bootstrap 95% CI].", ""]
-        labels = list(dict.fromkeys(str(x) for x in rep.comparison["label"]))
-        lines.append("| run | " + " | ".join(C.metric_label(m, k) for m in rep.metrics) + " |")
-        lines.append("|" + "---|" * (len(rep.metrics) + 1))
-        for lab in labels:
-            cells = [lab]
-            for m in rep.metrics:
-                r = diffs.get((lab, m))
-                cells.append("" if r is None else f"{r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] {r['marker']}".rstrip())
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-        lines.append("")
+    lines += differences_markdown(rep, k)
 
     if not failed.empty:
         lines += ["## Failed jobs", ""]
@@ -262,23 +328,72 @@ def summary_markdown(rep: Report, frame: pd.DataFrame, records: list[RunRecord],
 
     if rep.charts:
         lines += ["## Charts", ""]
+        svgs = {q.with_suffix("") for q in rep.charts if q.suffix == ".svg"}
         for p in rep.charts:
             if p.suffix == ".png":
                 rel = p.relative_to(rep.out_dir)
                 lines.append(f"![{p.stem}]({rel.as_posix()})  ")
-                lines.append(f"`{rel.as_posix()}` (also `{rel.with_suffix('.svg').as_posix()}`)" if ".svg" in
-                             {q.suffix for q in rep.charts} else f"`{rel.as_posix()}`")
+                also = f" (also `{rel.with_suffix('.svg').as_posix()}`)" if p.with_suffix("") in svgs else ""
+                lines.append(f"`{rel.as_posix()}`{also}")
                 lines.append("")
+    if rep.baseline is not None and rep.n_tests:
+        lines += ["## Method", "", method_note(rep), ""]
     lines += ["Files: `summary.csv` (one row per job: overrides, every metric with CI columns, status, error), "
-              "`comparison.csv` (paired differences vs the baseline).", ""]
+              "`comparison.csv` (paired differences vs the baseline, raw and Holm-adjusted p-values, minimum "
+              "detectable effect)" + (", `report.html` (everything above and every question, in one file: "
+                                      "open it in a browser)" if rep.settings.html else "") + ".", ""]
     return "\n".join(lines)
 
 
-def build_report(records: list[RunRecord], out_dir: Path, settings: ReportSettings | None = None,
-                 source: str = "") -> Report:
+def differences_markdown(rep: Report, k: Any) -> list[str]:
+    lines: list[str] = []
+    cmp = rep.comparison
+    if cmp.empty:
+        return lines
+    diffs = {(str(r["label"]), r["metric"]): r for _, r in cmp.iterrows()}
+    metrics = [m for m in rep.metrics if m in set(cmp["metric"])]
+    lo, hi = int(cmp["n"].min()), int(cmp["n"].max())
+    n = str(lo) if lo == hi else f"{lo}–{hi}"
+    lines += [f"## Differences vs baseline ({rep.baseline})", "",
+              f"Mean per-question difference (run − baseline) over the {n} questions both share "
+              f"[paired bootstrap 95% CI], Holm-adjusted p-value; ▲/▼ where p(Holm) < {rep.alpha:g}.", ""]
+    lines += [_md_row(["run"] + [C.metric_label(m, k) for m in metrics]), "|" + "---|" * (len(metrics) + 1)]
+    for lab in dict.fromkeys(str(x) for x in cmp["label"]):
+        cells = [lab]
+        for m in metrics:
+            r = diffs.get((lab, m))
+            cells.append("" if r is None else (
+                f"{MI.fmt(m, r['diff'], True)} [{MI.fmt(m, r['ci_low'], True)}, {MI.fmt(m, r['ci_high'], True)}] "
+                f"p={_p(r['p_holm'])} {r['marker']}").rstrip())
+        lines.append(_md_row(cells))
+    lines.append("")
+    if not rep.mde.empty and rep.mde["mde"].notna().any():
+        lines += ["## Smallest detectable difference", "",
+                  "The difference a paired test would find with 80% power at these question counts: a metric "
+                  "whose difference is below it may still differ (\"no difference\" can mean \"not enough "
+                  "questions\").", "",
+                  _md_row(["metric", f"detectable (α/m = {rep.alpha:g}/{max(rep.n_tests, 1)})",
+                           f"detectable (α = {rep.alpha:g})", "sd of differences", "questions", "basis"]),
+                  "|---|---|---|---|---|---|"]
+        for _, r in rep.mde.iterrows():
+            m = r["metric"]
+            lines.append(_md_row([C.metric_label(m, k), MI.fmt(m, r["mde"]), MI.fmt(m, r["mde_nominal"]),
+                                  MI.fmt(m, r["sd_diff"]), str(int(r["n"])), str(r["basis"])]))
+        lines.append("")
+    return lines
+
+
+def _p(p: float) -> str:
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "–"
+    return f"{p:.2g}" if p >= 0.001 else f"{p:.0e}"
+
+
+def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | None = None,
+            source: str = "") -> Report:
+    """Everything the report says, computed once: the summary frame, the corrected comparisons,
+    the minimum detectable effects and the verdict. Writes nothing."""
     settings = settings or ReportSettings()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     frame, varying, metrics = summary_frame(records)
     objective = _first([(r.metrics or {}).get("objective", {}).get("name") for r in records]
                        + [r.config.get("objective") for r in records], "mrr")
@@ -290,20 +405,50 @@ def build_report(records: list[RunRecord], out_dir: Path, settings: ReportSettin
     unit = C.chunk_unit(configs[0] if configs else None)
 
     base = pick_baseline(records, frame, settings.baseline) if not frame.empty else None
-    comparison = compare_to_baseline(records, frame, metrics, base, settings)
-    baseline_label = str(frame.loc[base, "label"]) if base is not None else None
+    bcfg = (((records[base].config or {}).get("eval") or {}).get("bootstrap") or {}) if base is not None else {}
+    resamples = int(settings.resamples if settings.resamples is not None else bcfg.get("resamples", 1000))
+    seed = int(settings.seed if settings.seed is not None else bcfg.get("seed", 0))
+    if not frame.empty and latency_columns(records, frame, settings, resamples, seed):
+        metrics = [*metrics, MI.LATENCY]
+    labels = [str(x) for x in frame["label"]] if not frame.empty else []
+    cmp = V.compare(records, labels, metrics, base, resamples, seed, settings.confidence, settings.alpha,
+                    settings.permutations)
+    baseline_label = labels[base] if base is not None else None
     if not frame.empty:
         frame.insert(3, "baseline", [i == base for i in range(len(frame))])
-    rep = Report(out_dir, frame, comparison, varying, metrics, objective, baseline_label)
+    rep = Report(Path(out_dir), frame, cmp.table, varying, metrics, objective, baseline_label, mde=cmp.mde,
+                 n_tests=cmp.n_tests, alpha=settings.alpha, k=k, unit=unit,
+                 by_corpus=corpus_frame(records, labels, metrics), settings=settings, source=source)
+    single = None
+    if base is not None and objective in frame:
+        row = frame.loc[base]
+        single = {"mean": row[objective], "lo": row.get(f"{objective}_ci_low"), "hi": row.get(f"{objective}_ci_high"),
+                  "n": int(row.get(f"{objective}_n", 0) or 0)}
+    runs = [lab for i, lab in enumerate(labels) if records[i].ok and i != base]
+    rep.verdict = V.verdict_text(cmp, baseline_label, runs, k, objective, single)
+    return rep
 
-    frame.to_csv(out_dir / "summary.csv", index=False)
-    comparison.to_csv(out_dir / "comparison.csv", index=False)
-    if settings.charts and not frame.empty:
-        markers = {(str(r["label"]), r["metric"]): r["marker"] for _, r in comparison.iterrows()} if not comparison.empty else {}
+
+def build_report(records: list[RunRecord], out_dir: Path, settings: ReportSettings | None = None,
+                 source: str = "") -> Report:
+    """Writes summary.csv, comparison.csv, charts/, summary.md and report.html into `out_dir`."""
+    settings = settings or ReportSettings()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rep = analyze(records, out_dir, settings, source)
+    rep.frame.to_csv(out_dir / "summary.csv", index=False)
+    rep.comparison.to_csv(out_dir / "comparison.csv", index=False)
+    if settings.charts and not rep.frame.empty:
         try:
-            rep.charts = make_charts(frame, varying, metrics, objective, out_dir / "charts", k, unit, markers,
-                                     tuple(settings.formats), baseline_label)
+            rep.charts = make_charts(rep, out_dir / "charts", tuple(settings.formats))
         except Exception:  # a chart must never cost the tables
             log.exception("report: charts failed")
-    (out_dir / "summary.md").write_text(summary_markdown(rep, frame, records, k, settings, source), encoding="utf-8")
+    (out_dir / "summary.md").write_text(summary_markdown(rep, rep.k, source), encoding="utf-8")
+    if settings.html:
+        try:
+            from experiments.html_report import write_html
+
+            rep.html = write_html(rep, records, out_dir / "report.html")
+        except Exception:  # the page must never cost the tables
+            log.exception("report: report.html failed")
     return rep

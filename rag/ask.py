@@ -2,17 +2,27 @@
 
     python -m rag.ask "Why was fcntl64 added?" +version=v3
     python -m rag.ask --corpus libc "What does O_NONBLOCK do?" +version=v3 eval.k=3
+    python -m rag.ask -q "Is a=b the same as a==b?" +version=v3   # -q: the question, whatever it holds
+    python -m rag.ask +version=v3 -- What does a == b mean        # after --: only question words
     python -m rag.ask -i +version=v3            # a prompt loop: one load, many questions
 
-Arguments with `=` are Hydra overrides, exactly as for run.py, so the same configuration finds
-the same artifacts. Everything is loaded from the cache; the command says so if anything had to
-be built. Prints the answer, the numbered contexts with their sources and scores, and the
-per-stage latency.
+Hydra overrides are given exactly as for run.py, so the same configuration finds the same
+artifacts. A word is an override only when it has the override form (`key=value`, `+key=value`,
+`++key=value`, `~key`) with a key that starts with a top-level config key or group (`eval.k=3`,
+`+version=v3`); every other word belongs to the question, e.g. "What does a == b mean?" (its
+text before `=` is no key).
+Everything is loaded from the cache; the command says so if anything had to be built. Prints the
+answer, the numbered contexts with their sources and scores, and the per-stage latency.
+
+Errors are one line and exit status 2 (a bad override, an unknown group option, bad input); Ctrl-C
+is one line and 130.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import re
 import sys
 import textwrap
 import time
@@ -20,13 +30,43 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
-from rag.config import PROJECT_ROOT, register_resolvers
+from rag.config import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
 from rag.types import RagError
+
+# key=value, +key=value, ++key=value, ~key, ~key=value; a key is dotted names, group paths with /
+# and an optional @package.
+OVERRIDE = re.compile(r"^(?:\+{1,2}|~)?(?P<key>[A-Za-z_][\w-]*)(?:[./][\w-]+)*(?:@[\w.-]*)?(?P<eq>=.*)?$", re.DOTALL)
+
+
+@functools.cache
+def top_level_keys() -> frozenset[str]:
+    """What an override can start with: the top-level keys of conf/config.yaml, the config groups
+    (directories of conf/) and Hydra's own node."""
+    import yaml
+
+    conf = PROJECT_ROOT / "conf"
+    keys = {p.name for p in conf.iterdir() if p.is_dir()} | {"hydra"}
+    data = yaml.safe_load((conf / "config.yaml").read_text(encoding="utf-8")) or {}
+    return frozenset(keys | {k for k in data if isinstance(k, str)} - {"defaults"})
+
+
+def is_override(word: str) -> bool:
+    m = OVERRIDE.match(word)
+    if m is None or m.group("key") not in top_level_keys():
+        return False
+    return bool(m.group("eq")) or word.startswith("~")
+
+
+def split_words(words: list[str]) -> tuple[str, list[str]]:
+    """(question, overrides) from the positional words (see the module docstring)."""
+    overrides = [w for w in words if is_override(w)]
+    question = " ".join(w for w in words if not is_override(w)).strip()
+    return question, overrides
 
 
 def answer(session: Any, question: str, corpus: str | None = None) -> dict[str, Any]:
     """One question through retrieve -> rerank -> contexts -> generate, timed per stage."""
-    filters = session.retriever.filters_for([corpus])
+    filters = session.retriever.filters_for([corpus], [question])  # mode=router routes the text, not --corpus
     fused, retrieve_ms = session.retriever.search_timed([question], session.depth, filters)
     t0 = time.perf_counter()
     hits = session.reranker.rerank([question], fused, session.chunk_set.chunks, session.settings.k)
@@ -64,33 +104,57 @@ def format_answer(result: dict[str, Any], width: int = 100) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Ask a configured ragrig pipeline a question.")
-    parser.add_argument("words", nargs="*", help="the question, then Hydra overrides (key=value, +version=v3)")
+    parser = argparse.ArgumentParser(
+        prog="python -m rag.ask", description="Ask a configured ragrig pipeline a question.",
+        epilog="Words with the override form (key=value, +key=value, ~key) are Hydra overrides; the "
+               "rest is the question. Use -q, or put the question after --, when it looks like an override.",
+    )
+    parser.add_argument("words", nargs="*", help="the question, and Hydra overrides (eval.k=3, +version=v3)")
+    parser.add_argument("-q", "--question", default=None, help="the question (taken whole, never as an override)")
     parser.add_argument("-i", "--interactive", action="store_true", help="read questions from a prompt until EOF")
     parser.add_argument("--corpus", default=None, help="the question's corpus tag (pubmed, libc, pytorch) for source filtering")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail: list[str] = []
+    if "--" in argv:  # everything after -- is the question
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1:]
     args = parser.parse_intermixed_args(argv)
-    overrides = [w for w in args.words if "=" in w and not w.startswith("=")]
-    question = " ".join(w for w in args.words if w not in overrides).strip()
+    question, overrides = split_words(args.words)
+    parts = [p for p in (args.question, question, " ".join(tail)) if p and p.strip()]
+    question = " ".join(p.strip() for p in parts)
     if not question and not args.interactive:
-        parser.error("give a question, or -i for a prompt loop")
+        parser.error("give a question (or -q QUESTION), or -i for a prompt loop")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return ask(question, overrides, args.corpus, args.interactive)
+    except KeyboardInterrupt:
+        print("\nragrig ask: interrupted", file=sys.stderr)
+        return 130
 
+
+def ask(question: str, overrides: list[str], corpus: str | None, interactive: bool) -> int:
     register_resolvers()
     from rag.pipeline import open_session
 
     try:
-        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
+        try:
+            with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+                cfg = compose(config_name="config", overrides=overrides)
+        except Exception as e:
+            if not is_config_error(e):
+                raise
+            raise RagError(config_error_line(e)) from None
         t0 = time.perf_counter()
-        session = open_session(cfg)
+        # --corpus must select documents of this corpus: a typo would silently retrieve nothing.
+        session = open_session(cfg, askers=[(f"--corpus {corpus!r}", corpus, None)])
         session.generator.warm_up()
         load_s = time.perf_counter() - t0
         built = [kind for kind, a in session.artifacts.record.items() if not a["hit"]]
         note = f"; built (not cached before): {', '.join(built)}" if built else "; every artifact from the cache"
         print(f"[{cfg.get('variant', 'custom')}: {len(session.chunk_set)} chunks, loaded in {load_s:.1f} s{note}]")
         if question:
-            print(format_answer(answer(session, question, args.corpus)))
-        if args.interactive:
+            print(format_answer(answer(session, question, corpus)))
+        if interactive:
             while True:
                 try:
                     q = input("\nquestion> ").strip()
@@ -98,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                     print()
                     break
                 if q:
-                    print(format_answer(answer(session, q, args.corpus)))
+                    print(format_answer(answer(session, q, corpus)))
     except RagError as e:
         print(f"ragrig ask: error: {e}", file=sys.stderr)
         return 2

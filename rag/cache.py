@@ -12,6 +12,7 @@ makes parallel jobs that need the same artifact build it once; the others wait a
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -82,9 +83,15 @@ class Artifact:
         return self.path / name
 
 
+# Errors of the cache's storage itself (not of a builder's inputs): reported as one line naming
+# the cache directory.
+_STORAGE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST}
+
+
 class ArtifactCache:
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
+        check_cache_root(self.root)
 
     def path(self, kind: str, key: str) -> Path:
         return self.root / kind / key
@@ -92,7 +99,7 @@ class ArtifactCache:
     def _read_manifest(self, path: Path) -> dict[str, Any] | None:
         try:
             return json.loads((path / MANIFEST).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+        except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: bad JSON or UTF-8
             return None
 
     def _valid(self, path: Path, manifest: dict[str, Any] | None, verify: bool) -> bool:
@@ -151,6 +158,21 @@ class ArtifactCache:
         found = self.lookup(kind, key)
         if found is not None:
             return found
+        try:
+            return self._build(kind, key, build, inputs)
+        except OSError as e:
+            if e.errno not in _STORAGE_ERRNOS or not str(e.filename or "").startswith(str(self.root)):
+                raise
+            from rag.types import RagError
+
+            raise RagError(
+                f"artifact cache {self.root}: cannot write the {kind} artifact ({e.strerror}: {e.filename}); "
+                "paths.cache (or RAGRIG_CACHE) must be a writable directory with free space"
+            ) from None
+
+    def _build(
+        self, kind: str, key: str, build: Callable[[Path], Mapping[str, Any] | None], inputs: Mapping[str, Any] | None
+    ) -> Artifact:
         with self._lock(kind, key):
             found = self.lookup(kind, key)  # another process may have built it while we waited
             if found is not None:
@@ -187,6 +209,30 @@ class ArtifactCache:
                 raise
             return Artifact(kind, key, final, manifest, hit=False)
 
+    # -- records: small JSON results cached one by one (an answer, a judgement) ---------------
+
+    def record_path(self, kind: str, key: str) -> Path:
+        return self.root / kind / key[:2] / f"{key}.json"
+
+    def get_record(self, kind: str, key: str) -> dict[str, Any] | None:
+        """A record written by `put_record`, or None. A record is one small JSON file written
+        atomically, so it is whole or absent; one that does not parse (a disk fault, a hand edit)
+        is treated as absent and will be rewritten."""
+        path = self.record_path(kind, key)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError):
+            log.warning("cache: record %s is unreadable; ignoring it", path)
+            return None
+        return data if isinstance(data, dict) and data.get("key") == key else None
+
+    def put_record(self, kind: str, key: str, record: Mapping[str, Any]) -> None:
+        """Results that arrive one at a time (answers from a server) are recorded as they come,
+        so that a run that dies mid-way keeps what it paid for."""
+        atomic_write_text(self.record_path(kind, key), json.dumps({**record, "key": key}, ensure_ascii=False, default=str))
+
     @staticmethod
     def _remove_stale_tmp(parent: Path) -> None:
         """Builders killed mid-way (SIGKILL, OOM) leave `tmp-<pid>-*` directories; remove those
@@ -198,6 +244,19 @@ class ArtifactCache:
                 continue
             if pid != os.getpid() and not _pid_alive(pid):
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def check_cache_root(root: Path) -> None:
+    """The cache root, or its nearest existing ancestor, must be a directory: a file there (say
+    RAGRIG_CACHE=~/.bashrc) is one line here rather than an OS traceback at the first write."""
+    from rag.types import RagError
+
+    p = root
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        what = "is" if p == root else f"is inside {p}, which is"
+        raise RagError(f"artifact cache {root} {what} not a directory (set paths.cache or RAGRIG_CACHE to a directory)")
 
 
 def _test_pause(kind: str) -> None:

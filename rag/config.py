@@ -1,10 +1,16 @@
-"""OmegaConf resolvers used by conf/ (registered before Hydra composes the config)."""
+"""OmegaConf resolvers used by conf/ (registered before Hydra composes the config), and the
+one-line form of Hydra's configuration errors shared by every command-line entry point."""
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# A short random id drawn once per process: it makes the default run and sweep directories unique
+# even for runs started in the same second (conf/config.yaml, `${ragrig_run_id:}`).
+RUN_ID = secrets.token_hex(3)
 
 
 def data_dir() -> Path:
@@ -20,3 +26,53 @@ def register_resolvers() -> None:
     # ${ragrig_root:} lets configs name project files (data/qa/...) independently of the cwd.
     if not OmegaConf.has_resolver("ragrig_root"):
         OmegaConf.register_new_resolver("ragrig_root", lambda: str(PROJECT_ROOT))
+    # Cached like Hydra's ${now:}: the jobs of a sweep (other processes, other nodes) receive the
+    # launching process's resolver cache with their config, so they resolve the same sweep dir.
+    if not OmegaConf.has_resolver("ragrig_run_id"):
+        OmegaConf.register_new_resolver("ragrig_run_id", lambda: RUN_ID, use_cache=True)
+
+
+def config_error_line(e: BaseException) -> str:
+    """Hydra's and OmegaConf's composition errors as one line: the problem, the bad override and,
+    for an unknown config-group option, the options there are (no search path, no doc links)."""
+    lines = [ln.strip() for ln in str(e).splitlines()]
+    text: list[str] = []
+    options: list[str] = []
+    section = "text"
+    for ln in lines:
+        if not ln or ln.startswith("See https://"):
+            continue
+        if ln.startswith("Config search path"):
+            section = "skip"
+        elif ln.startswith("Available options in"):
+            section = "options"
+        elif section == "options":
+            options.append(ln)
+        elif section == "text":
+            text.append(ln)
+    msg = " ".join(text).replace("\\'", "'") or type(e).__name__
+    for prefix in ("In 'config': ", "In 'hydra/config': "):
+        msg = msg.removeprefix(prefix)
+    override = getattr(e, "override", None)
+    if override and str(override) not in msg:
+        msg = f"override {override!r}: {msg}"
+    cause = e.__cause__
+    if cause is not None and str(cause).strip():
+        first = str(cause).strip().splitlines()[0]
+        if first not in msg:
+            msg += f" ({first})"
+    if options:
+        msg += f" (available: {', '.join(options)})"
+    from hydra.errors import OverrideParseException
+
+    if isinstance(e, OverrideParseException):
+        msg += " (quote a value holding any of ()[]{},='\";#&~ for Hydra, e.g. 'corpus.path=\"my docs (v2).jsonl\"')"
+    return msg
+
+
+def is_config_error(e: BaseException) -> bool:
+    """Errors of composing or resolving the configuration (a user's override or config file)."""
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return isinstance(e, (ConfigCompositionException, OverrideParseException, OmegaConfBaseException))

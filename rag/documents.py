@@ -86,6 +86,20 @@ def check_questions(qa: list[QAItem], docs: list[Document]) -> None:
             f"qa: question {first.id!r} names source {first.source!r}, which is not a document of the corpus"
             + (f" ({len(missing) - 1} more questions have the same problem)" if len(missing) > 1 else "")
         )
+    check_labels(qa, {d.id: len(d.text) for d in docs})
+
+
+def check_labels(qa: list[QAItem], doc_lengths: dict[str, int]) -> None:
+    """Every relevance label names a document of the corpus, and its span lies inside the text."""
+    for q in qa:
+        for r in q.relevant:
+            if r.doc not in doc_lengths:
+                raise RagError(f"qa: question {q.id!r} labels document {r.doc!r}, which is not a document of the corpus")
+            if r.span is not None and r.span[1] > doc_lengths[r.doc]:
+                raise RagError(
+                    f"qa: question {q.id!r} labels span {list(r.span)} of {r.doc!r}, "
+                    f"past the end of its text ({doc_lengths[r.doc]} characters)"
+                )
 
 
 def slice_questions(qa: list[QAItem], per_corpus: int | None, seed: int) -> list[QAItem]:
@@ -115,12 +129,13 @@ def answer_subset(qa: list[QAItem], per_corpus: int | None, seed: int) -> list[i
 
 
 def slice_documents(docs: list[Document], qa: list[QAItem], per_source: int | None, seed: int) -> list[Document]:
-    """Every document a kept question names, plus distractors up to `per_source` per source tag."""
+    """Every document a kept question names (its source and labelled documents), plus distractors
+    up to `per_source` per source tag."""
     if per_source is None:
         return docs
     if per_source <= 0:
         raise RagError(f"slice.docs_per_source must be positive or null, got {per_source}")
-    needed = {q.source for q in qa if q.source is not None}
+    needed = {q.source for q in qa if q.source is not None} | {r.doc for q in qa for r in q.relevant}
     by_source: dict[str, list[str]] = {}
     for d in docs:
         by_source.setdefault(d.source, []).append(d.id)

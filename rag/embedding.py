@@ -31,6 +31,11 @@ from rag.types import RagError
 
 log = logging.getLogger(__name__)
 
+# Importing onnxruntime (1.32) writes a device id and a usage database under ~/.cache/Microsoft;
+# a run writes only to its output and cache directories (tests/test_safety.py), so that is off
+# unless the user sets the variable themselves.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 PACKAGE_PREFIX = "package:"
 BACKENDS = ("torch", "onnx")
 QUANTIZATIONS = (None, "int8")
@@ -137,6 +142,19 @@ class SentenceTransformerEmbedder:
             ident["quantize"] = self.quantize
         return ident
 
+    @property
+    def reference_id(self) -> dict[str, Any]:
+        """The id of the torch computation whose vectors this embedder reproduces within 1e-6
+        cosine (its own id when it does not: int8, or an export that failed the tight check).
+        The evaluation reuses cached chunk vectors across embedders with the same reference id:
+        the fp32 ONNX export of the evaluation model gives its vectors, not approximations."""
+        base = {"model": self.model_name, "normalize": self.normalize, "max_seq_length": self.max_seq_length}
+        if self.backend == "torch":
+            return base
+        if self.quantize is None and getattr(self.model, "check_min_cosine", 0.0) >= 1.0 - SAME_VECTORS_COSINE:
+            return base
+        return self.id
+
     @functools.cached_property
     def model(self) -> Any:
         path = resolve_model_path(self.model_name)
@@ -223,7 +241,10 @@ ONNX_FILE = "model.onnx"
 ONNX_META = "ragrig_onnx.json"
 ONNX_KIND = "onnx_model"
 ONNX_OPSET = 17
-ONNX_EXPORT_VERSION = 1  # bump when the export below changes what it produces
+ONNX_EXPORT_VERSION = 2  # bump when the export below changes what it produces (2: records its check)
+# An fp32 export whose vectors are within this of torch's (1 - cosine, on the check texts) counts
+# as the same vectors (see SentenceTransformerEmbedder.reference_id).
+SAME_VECTORS_COSINE = 1e-6
 # int8: dynamic quantization of the MatMul weights (signed, per output channel; activations
 # quantized on the fly) -- the recipe of optimum's avx512_vnni/arm64 configs. Per-tensor weights
 # lose too much (mean cosine to torch ~0.95 on MiniLM); embeddings (Gather) stay float.
@@ -366,6 +387,8 @@ def _export_float(path: str, tmp: Path) -> dict[str, Any]:
     cos = _cosines(ref, got)
     if cos.min() < 0.9999:
         raise RagError(f"ONNX export of {path} differs from torch (min cosine {cos.min():.5f}); not using it")
+    meta["check_min_cosine"] = float(cos.min())
+    (tmp / ONNX_META).write_text(json.dumps(meta, indent=2))
     return {"check_min_cosine": round(float(cos.min()), 7), "check_max_abs": float(np.abs(ref - got).max())}
 
 
@@ -418,6 +441,7 @@ class OnnxSentenceEncoder:
         self.max_seq_length = int(meta["max_seq_length"])
         self.do_lower_case = bool(meta.get("do_lower_case"))
         self.quantize = meta.get("quantize")
+        self.check_min_cosine = float(meta.get("check_min_cosine", 0.0)) if self.quantize is None else 0.0
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         opts = ort.SessionOptions()
         threads = os.environ.get("OMP_NUM_THREADS", "")

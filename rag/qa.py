@@ -1,4 +1,5 @@
-"""Question sets: questions with ground-truth answers and, when known, the document holding it.
+"""Question sets: questions with ground-truth answers and, when known, the document holding it
+and graded relevance labels (documents, optionally with the answer's character span).
 
 Each set is built from keyword arguments (Hydra) and has `load() -> list[QAItem]` (deterministic
 order) and `fingerprint()`, like the corpora, and a `split` (QuestionSplit): the part of the set
@@ -13,10 +14,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rag.corpus.base import as_path, file_fingerprint, iter_jsonl, string_field
+from rag.corpus.beir import BeirQuestions
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
-from rag.corpus.pubmedqa import load_pubmedqa, pmid_id
+from rag.corpus.pubmedqa import document_text, load_pubmedqa, pmid_id
 from rag.documents import slice_questions
-from rag.types import QAItem, RagError
+from rag.types import QAItem, RagError, Relevance
+
+__all__ = ["BeirQuestions", "JsonlQuestions", "MixedQuestions", "PubMedQAQuestions", "parse_relevant"]
+
+PUBMEDQA_LABELS = ("conclusion", "abstract")
 
 PARTS = ("all", "train", "test")
 SLICE_KEYS = ("questions_per_corpus", "seed")
@@ -127,34 +133,48 @@ class PubMedQAQuestions(QuestionSet):
     """PubMedQA PQA-L: each abstract's QUESTION, answered by its LONG_ANSWER (the conclusion);
     the source is the abstract's document in PubMedQACorpus.
 
+    `label` says what is relevant: "conclusion" (default) labels the conclusion's exact character
+    span in that document, so only chunks holding part of the answer count; "abstract" labels the
+    whole document (any of its chunks counts), like the by-source-id metrics.
+
     `exclude_slice` ({questions_per_corpus, seed}) leaves out the questions that a run's question
     slice with those settings would pick from the full set: with the default run's settings this
     is the held-out remainder, disjoint from the PubMed questions the dev runs see (qa=heldout).
     """
 
-    def __init__(self, path: str | os.PathLike[str], exclude_slice: Mapping[str, Any] | None = None,
-                 split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], exclude_slice: Mapping[str, Any] | None = None, label: str = "conclusion",
+        split: QuestionSplit | Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__(split)
+        if label not in PUBMEDQA_LABELS:
+            raise RagError(f"qa.label must be one of {list(PUBMEDQA_LABELS)}, got {label!r}")
         self.path = as_path(path)
         self.exclude_slice = _slice_setting(exclude_slice)
+        self.label = label
 
     def inputs_fingerprint(self) -> dict[str, Any]:
         fp: dict[str, Any] = {"inputs": file_fingerprint(self.path)}
         if self.exclude_slice is not None:
             fp["exclude_slice"] = self.exclude_slice
+        if self.label != "conclusion":
+            fp["label"] = self.label
         return fp
 
     def items(self) -> list[QAItem]:
-        items = [
-            QAItem(
-                id=f"pubmedqa:{pmid}",
-                question=rec["QUESTION"],
-                answer=rec["LONG_ANSWER"],
-                source=pmid_id(pmid),
-                corpus="pubmed",
+        items = []
+        for pmid, rec in load_pubmedqa(self.path).items():
+            span = document_text(rec)[1] if self.label == "conclusion" else None
+            items.append(
+                QAItem(
+                    id=f"pubmedqa:{pmid}",
+                    question=rec["QUESTION"],
+                    answer=rec["LONG_ANSWER"],
+                    source=pmid_id(pmid),
+                    corpus="pubmed",
+                    relevant=(Relevance(pmid_id(pmid), 1, span),),
+                )
             )
-            for pmid, rec in load_pubmedqa(self.path).items()
-        ]
         if self.exclude_slice is None:
             return items
         # Every item carries the same corpus tag, so this is exactly the run slice's pick of them.
@@ -162,9 +182,42 @@ class PubMedQAQuestions(QuestionSet):
         return [q for q in items if q.id not in dev]
 
 
+def parse_relevant(value: Any, where: str) -> tuple[Relevance, ...]:
+    """The optional `relevant` field of a JSONL question: a list of {"doc", "grade" (int >= 0,
+    default 1), "span" ([start, end) character offsets into the document text, optional)}."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise RagError(f"{where}: field 'relevant' must be a list of objects, got {type(value).__name__}")
+    labels = []
+    for i, obj in enumerate(value):
+        at = f"{where}: relevant[{i}]"
+        if not isinstance(obj, dict):
+            raise RagError(f"{at} must be an object with 'doc', 'grade' and optional 'span', got {type(obj).__name__}")
+        unknown = sorted(set(obj) - {"doc", "grade", "span"})
+        if unknown:
+            raise RagError(f"{at}: unknown field(s) {unknown}; expected 'doc', 'grade', 'span'")
+        doc = string_field(obj, "doc", at)
+        grade = obj.get("grade", 1)
+        if isinstance(grade, bool) or not isinstance(grade, int) or grade < 0:
+            raise RagError(f"{at}: 'grade' must be a non-negative integer, got {grade!r}")
+        span = obj.get("span")
+        if span is not None:
+            ok = (isinstance(span, list) and len(span) == 2
+                  and all(isinstance(x, int) and not isinstance(x, bool) for x in span) and 0 <= span[0] < span[1])
+            if not ok:
+                raise RagError(f"{at}: 'span' must be [start, end] character offsets with 0 <= start < end, got {span!r}")
+            span = (span[0], span[1])
+        labels.append(Relevance(doc, grade, span))
+    if not labels:
+        raise RagError(f"{where}: field 'relevant' is an empty list; leave it out to use 'source'")
+    return tuple(labels)
+
+
 class JsonlQuestions(QuestionSet):
-    """One JSON object per line: id, question, answer, optional source (document id) and corpus
-    (source tag)."""
+    """One JSON object per line: id, question, answer, optional source (document id), corpus
+    (source tag) and relevant (graded labels, see `parse_relevant`; without it, `source` is the
+    one relevant document, grade 1). A question with labels may leave out the answer."""
 
     def __init__(self, path: str | os.PathLike[str], split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
         super().__init__(split)
@@ -182,13 +235,16 @@ class JsonlQuestions(QuestionSet):
             if qid in first_line:
                 raise RagError(f"{where}: duplicate question id {qid!r} (first on line {first_line[qid]})")
             first_line[qid] = lineno
+            relevant = parse_relevant(obj.get("relevant"), where)
             items.append(
                 QAItem(
                     id=qid,
                     question=string_field(obj, "question", where),
-                    answer=string_field(obj, "answer", where),
+                    # Labelled questions may leave the answer out: only the similarity metrics need it.
+                    answer=string_field(obj, "answer", where, required=not relevant),
                     source=string_field(obj, "source", where, required=False),
                     corpus=string_field(obj, "corpus", where, required=False),
+                    relevant=relevant,
                 )
             )
         if not items:

@@ -63,15 +63,48 @@ def make_chunk(doc: Document, start: int, end: int, position: int, **meta: Any) 
 
 
 @dataclass(frozen=True)
+class Relevance:
+    """One relevance label of a question: a document, its grade (higher is more relevant), and
+    optionally the character span [start, end) of the answer inside the document's text. Labels
+    name documents and offsets, never chunks, so re-chunking never invalidates them."""
+
+    doc: str
+    grade: int = 1
+    span: tuple[int, int] | None = None
+
+    @property
+    def unit(self) -> str:
+        """The label's identity when ranking metrics count what was found: the document id, or
+        the document id with the span for a span label."""
+        return self.doc if self.span is None else f"{self.doc}@{self.span[0]}-{self.span[1]}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"doc": self.doc, "grade": self.grade}
+        if self.span is not None:
+            out["span"] = list(self.span)
+        return out
+
+
+@dataclass(frozen=True)
 class QAItem:
     id: str
     question: str
-    answer: str  # ground truth G
+    answer: str | None  # ground truth G; None when a set has only relevance labels (BEIR queries)
     source: str | None = None  # id of the document that holds the answer, when known
     corpus: str | None = None  # the source tag of that document ("pubmed", "libc", ...)
+    relevant: tuple[Relevance, ...] = ()  # graded labels; empty: derived from `source`
+
+    @property
+    def labels(self) -> tuple[Relevance, ...]:
+        """The relevance labels: the explicit ones, else the source document with grade 1."""
+        if self.relevant:
+            return self.relevant
+        return () if self.source is None else (Relevance(self.source),)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["relevant"] = [r.to_json() for r in self.relevant]
+        return out
 
 
 @dataclass

@@ -2,9 +2,15 @@
 
 Every case runs the real pipeline on the tiny corpus with one thing broken, and checks the
 `RagError` message and that the output directory holds no metrics.json / per_question.jsonl.
+A case marked `early` is a config value the schema (rag/schema.py) rejects at start-up: it must
+fail before the corpus is even read, so nothing at all is in the cache.
+
+Errors of the command line itself (Hydra overrides, the other entry points, interrupts) are in
+tests/test_cli_errors.py.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -43,6 +49,7 @@ class Case:
     # Given the tiny files and a scratch dir, returns extra overrides (and may write bad files).
     setup: Callable[[dict, Path], list[str]]
     expect: str  # a substring of the one-line error
+    early: bool = False  # rejected before the corpus is read: the cache stays empty
 
 
 def corpus_file(make: Callable[[Path], Path]) -> Callable[[dict, Path], list[str]]:
@@ -77,6 +84,42 @@ def _qa_with(tmp: Path, rows: list[dict]) -> Path:
     return write_jsonl(tmp / "q.jsonl", rows)
 
 
+def _corpus_bytes(tmp: Path, data: bytes, name: str = "c.jsonl") -> Path:
+    (tmp / name).write_bytes(data)
+    return tmp / name
+
+
+def _tiny_corpus_bytes() -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in docs_rows()).encode()
+
+
+def _lone_surrogate(tmp: Path) -> Path:
+    lines = [json.dumps(r) for r in docs_rows()]
+    lines[3] = '{"id": "half", "text": "a broken \\ud800 escape", "source": "libc"}'
+    return write_lines(tmp / "c.jsonl", lines)
+
+
+def _qa_tag(corpus: str) -> Callable[[Path], Path]:
+    return lambda t: _qa_with(t, [{**qa_rows()[0], "corpus": corpus}] + qa_rows()[1:])
+
+
+def _libc_upper(tmp: Path) -> Path:
+    return write_jsonl(tmp / "c.jsonl", [{**r, "source": "LIBC" if r["source"] == "libc" else r["source"]} for r in docs_rows()])
+
+
+def _cache_is_a_file(files: dict, tmp: Path) -> list[str]:
+    (tmp / "cache-file").write_text("not a directory")
+    return [f"paths.cache={tmp / 'cache-file'}"]
+
+
+def _json_array(tmp: Path) -> Path:
+    (tmp / "c.json").write_text(json.dumps(docs_rows(), indent=2))
+    return tmp / "c.json"
+
+
+QUESTION = "retriever.source_filter.mode=question"
+
+
 CASES = [
     # configuration values
     Case("chunk overlap >= size", overrides("chunker.chunk_size=100", "chunker.chunk_overlap=100"), "chunker.chunk_overlap (100) must be smaller than chunker.chunk_size (100)"),
@@ -94,7 +137,7 @@ CASES = [
     Case("objective not a metric", overrides("objective=ndcg"), "objective 'ndcg' is not among the reported metrics"),
     Case("missing embedder path", overrides("embedder.model=/no/such/model"), "embedder model '/no/such/model': path /no/such/model does not exist"),
     Case("missing embedder package", overrides("embedder.model=package:no_such_model_pkg"), "package 'no_such_model_pkg' is not installed"),
-    Case("bad source filter mode", overrides("retriever.source_filter.mode=sometimes"), "retriever.source_filter.mode must be none, fixed or question"),
+    Case("bad source filter mode", overrides("retriever.source_filter.mode=sometimes"), "retriever.source_filter.mode must be none, fixed"),
     Case("unknown bm25 backend", overrides("retriever=bm25", "retriever.backend=lucene"), "backend must be one of"),
     Case("zero HNSW M", overrides("index=hnsw", "index.M=0"), "index.M must be positive, got 0"),
     Case("rrf k negative", overrides("fusion=rrf", "fusion.k=-1"), "fusion.k must be >= 0, got -1"),
@@ -113,7 +156,66 @@ CASES = [
     Case("duplicate question ids", qa_file(lambda t: _qa_with(t, qa_rows() + [qa_rows()[0]])), "duplicate question id 'q1'"),
     Case("empty question set", qa_file(lambda t: write_lines(t / "q.jsonl", [])), "q.jsonl: file is empty"),
     Case("missing question file", overrides("qa.path=/no/such/questions.jsonl"), "/no/such/questions.jsonl: file not found"),
+    Case("label naming no document", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "q?", "answer": "a", "relevant": [{"doc": "man:nothing.2"}]}])), "question 'x' labels document 'man:nothing.2', which is not a document of the corpus"),
+    Case("label span past the text", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "q?", "relevant": [{"doc": "man:pipe.2", "span": [10, 99999]}]}])), "question 'x' labels span [10, 99999] of 'man:pipe.2', past the end of its text"),
+    Case("label span reversed", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "q?", "relevant": [{"doc": "man:pipe.2", "span": [20, 10]}]}])), "q.jsonl:1: relevant[0]: 'span' must be [start, end] character offsets with 0 <= start < end, got [20, 10]"),
+    Case("label grade not an integer", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "q?", "relevant": [{"doc": "man:pipe.2", "grade": "high"}]}])), "q.jsonl:1: relevant[0]: 'grade' must be a non-negative integer, got 'high'"),
+    Case("objective needs labels", lambda f, t: [f"qa.path={_qa_with(t, [{'id': 'x', 'question': 'q?', 'answer': 'a'}])}", "objective=ndcg_at_k"], "objective 'ndcg_at_k' needs questions with a positive relevance label"),
+    Case("objective needs answers (BEIR-like set)", lambda f, t: [f"qa.path={_qa_with(t, [{'id': 'x', 'question': 'q?', 'relevant': [{'doc': 'man:pipe.2'}]}])}"], "objective 'mrr' needs questions with a ground-truth answer"),
+    Case("router with BM25 alone", overrides("retriever=bm25", "retriever.source_filter.mode=router"), "mode=router routes in the dense embedder's space"),
+    Case("unknown router method", overrides("+version=v2", "retriever.source_filter.router.method=knn"), "router.method must be one of ['centroid', 'logistic'], got 'knn'"),
     Case("document over the size limit", overrides("max_doc_chars=100"), "characters, over max_doc_chars (100)"),
+    # ---- issue 14: the defects found by probing, one case each ------------------------------
+    Case("question tag in no filter group (#2)", lambda f, t: [f"qa.path={_qa_tag('other')(t)}", QUESTION],
+         "corpus tag 'other' (question 'q1') is in no group of retriever.source_filter.groups [['pubmed'], ['libc', 'pytorch']]"),
+    Case("document tag differs in case (#2)", lambda f, t: [f"corpus.path={_libc_upper(t)}", QUESTION],
+         "question 'q1' has corpus tag 'libc', but its answer's document 'man:fcntl.2' has source 'LIBC'"),
+    Case("eval.k a float (#4)", overrides("eval.k=2.5"), "eval.k must be an integer, got 2.5", early=True),
+    Case("eval.k a boolean (#4)", overrides("eval.k=true"), "eval.k must be an integer, got true", early=True),
+    Case("eval.k a word (#4)", overrides("eval.k=five"), "eval.k must be an integer, got 'five'", early=True),
+    Case("cache path is a file (#5)", _cache_is_a_file, "cache-file is not a directory (set paths.cache or RAGRIG_CACHE", early=True),
+    Case("lone surrogate in a text (#6)", corpus_file(_lone_surrogate), "c.jsonl:4: field 'text' contains a lone surrogate \\ud800"),
+    Case("rrf k not a number (#9)", overrides("fusion=rrf", "fusion.k=nan"), "fusion.k must be an integer, got nan", early=True),
+    Case("token chunks longer than the embedder keeps", overrides("chunker=token", "chunker.chunk_size=300", "chunker.chunk_overlap=16"),
+         "chunker.chunk_size (300 tokens) is longer than the embedder keeps: it truncates at 256 tokens", early=True),
+    Case("JSON array instead of JSON lines", corpus_file(_json_array), "c.json: this is one JSON array, not JSON lines"),
+    Case("zero bootstrap resamples", overrides("eval.bootstrap.resamples=0"), "eval.bootstrap.resamples must be positive, got 0", early=True),
+    # ---- issue 14: cases found by probing the entry points --------------------------------
+    Case("required path left unset", overrides("corpus.path=???"), "corpus.path is required and has no default", early=True),
+    Case("alpha a word", overrides("fusion=weighted", "fusion.alpha=high"), "fusion.alpha must be a number, got 'high'", early=True),
+    Case("candidates a word", overrides("retriever=hybrid", "retriever.candidates=lots"), "retriever.candidates must be an integer, got 'lots'", early=True),
+    Case("unset environment variable", overrides("paths.cache=${oc.env:RAGRIG_TEST_UNSET_VARIABLE}"),
+         "paths.cache: cannot resolve its value: Environment variable 'RAGRIG_TEST_UNSET_VARIABLE' not found", early=True),
+    Case("metrics a string, not a list", overrides("eval.metrics=mrr"), "eval.metrics must be a list of names", early=True),
+    Case("negative resamples", overrides("eval.bootstrap.resamples=-5"), "eval.bootstrap.resamples must be positive, got -5", early=True),
+    Case("boolean a word", overrides("context.labels=maybe"), "context.labels must be true or false, got 'maybe'", early=True),
+    Case("slice seed a word", overrides("slice.seed=abc"), "slice.seed must be an integer, got 'abc'", early=True),
+    Case("negative size limit", overrides("max_doc_chars=-1"), "max_doc_chars must be positive or null, got -1", early=True),
+    Case("unknown device", overrides("embedder.device=gpu"), "embedder.device must be a device such as cpu, cuda, cuda:1 or mps, got 'gpu'", early=True),
+    Case("empty question path", overrides("qa.path="), "qa.path must name a file, got an empty value", early=True),
+    Case("threshold NaN", overrides("eval.tau_h=nan"), "eval.tau_h is a cosine threshold and must be a finite number, got nan", early=True),
+    Case("unknown chart format", overrides("report.formats=[png,jpgx]"), "report.formats: unknown ['jpgx']", early=True),
+    Case("unknown fail_on", overrides("report.fail_on=sometimes"), "report.fail_on must be one of all, any, never, got 'sometimes'", early=True),
+    Case("filter groups not nested", overrides(QUESTION, "retriever.source_filter.groups=[pubmed,libc]"),
+         "retriever.source_filter.groups must be a list of lists of source tags", early=True),
+    Case("fixed filter matches no source", overrides("retriever.source_filter.mode=fixed", "retriever.source_filter.sources=[PubMed]"),
+         "retriever.source_filter.sources ['PubMed'] matches no document's source; document sources: ['libc', 'pubmed', 'pytorch']"),
+    Case("zero max_seq_length", overrides("embedder.max_seq_length=0"), "embedder.max_seq_length must be positive or null, got 0", early=True),
+    Case("ef_search a float", overrides("index=hnsw", "index.ef_search=2.5"), "index.ef_search must be an integer, got 2.5", early=True),
+    Case("separators not a list", overrides("chunker=recursive", "chunker.separators=oops"),
+         "chunker.separators must be a list of strings, e.g. [a,b], got 'oops'", early=True),
+    Case("similarity out of range", overrides("llm=extractive", "llm.min_similarity=2"), "llm.min_similarity must be in [-1, 1], got 2", early=True),
+    Case("missing tokenizer path", overrides("chunker=token", "chunker.tokenizer=/no/such/tokenizer"),
+         "chunker.tokenizer '/no/such/tokenizer': path does not exist", early=True),
+    Case("UTF-16 file", corpus_file(lambda t: _corpus_bytes(t, _tiny_corpus_bytes().decode().encode("utf-16"))),
+         "c.jsonl: file is UTF-16 encoded (save it as UTF-8)"),
+    Case("gzip-compressed file", corpus_file(lambda t: _corpus_bytes(t, gzip.compress(_tiny_corpus_bytes()), "c.jsonl.gz")),
+         "c.jsonl.gz: file is gzip-compressed (gunzip it first)"),
+    Case("NUL bytes in a line", corpus_file(lambda t: _corpus_bytes(t, _tiny_corpus_bytes() + b"\x00\x00\n")),
+         "c.jsonl:10: NUL byte at column 1"),
+    Case("lone surrogate in a question", qa_file(lambda t: write_lines(t / "q.jsonl", [json.dumps(r) for r in qa_rows()[:-1]] + [
+        '{"id": "q9", "question": "why \\udfff?", "answer": "a", "corpus": "libc"}'])),
+         "q.jsonl:6: field 'question' contains a lone surrogate \\udfff"),
 ]
 
 
@@ -129,10 +231,15 @@ def test_bad_input_is_one_clear_line_and_leaves_no_results(case, tiny_files, com
     assert case.expect in message
     assert "\n" not in message, "one line"
     assert not (out / "metrics.json").exists() and not (out / "per_question.jsonl").exists()
+    if case.early:
+        cache = tiny_files["cache"]
+        assert not cache.exists() or not any(cache.iterdir()), "rejected before any stage ran"
 
 
-def test_at_least_thirty_cases():
-    assert len(CASES) >= 30
+def test_the_table_keeps_its_cases():
+    # 33 before issue 14, 11 for its defects and at least 15 found by probing since (plus the
+    # command-line cases in tests/test_cli_errors.py)
+    assert len(CASES) >= 33 + 11 + 15
 
 
 def test_embedder_dimension_differs_from_an_index():
@@ -149,7 +256,7 @@ def test_command_line_errors_have_no_traceback(extra, expect, tiny_files):
     args = [sys.executable, str(PROJECT_ROOT / "run.py"), f"hydra.run.dir={tiny_files['out']}"]
     done = subprocess.run(args + tiny_overrides(tiny_files) + extra, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
-    assert done.returncode != 0
+    assert done.returncode == 2
     assert expect in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tiny_files["out"] / "metrics.json").exists()

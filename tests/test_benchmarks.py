@@ -23,7 +23,7 @@ def _check_table(res):
 
 def test_registry_functions_take_quick_and_full():
     assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "ray_encoding",
-                             "generation"}
+                             "generation", "serving", "generation_speed", "retrieval_latency"}
     for fn in REGISTRY.values():
         params = inspect.signature(fn).parameters
         assert list(params)[:2] == ["quick", "full"] and "tiny" in params
@@ -178,3 +178,50 @@ def test_generation_answer_quality_pairs_each_variant_with_the_cpu():
     q = answer_quality(result, resamples=100)
     assert q["cpu_float32"]["answer_gt"] > 0.999
     assert q["cuda_4bit"]["answer_gt"] < 0.5 and q["cuda_4bit"]["answer_gt_diff_ci"][1] < 0
+
+
+def test_onnx_reports_the_default_embedders_speedup():
+    pytest.importorskip("onnxruntime")
+    from experiments.benchmarks.onnx_backend import bench_onnx
+
+    res = bench_onnx(quick=True, full=False, tiny=True)
+    assert res["embed_speedup"] == res["speed"]["onnx"]["speedup_vs_torch"]
+    assert 1 - res["embed_cosine_min_vs_torch"] <= 1e-6  # the same vectors, not approximations
+
+
+def test_retrieval_latency_tiny(tmp_path):
+    from experiments.benchmarks.retrieval_latency import bench_retrieval_latency
+    from tests.conftest import TINY_DOCS, TINY_QA, write_jsonl
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS])
+    qa = write_jsonl(tmp_path / "q.jsonl", [{"id": i, "question": q, "answer": a, "source": s, "corpus": c}
+                                           for i, q, a, s, c in TINY_QA])
+    ov = ["corpus=jsonl", f"corpus.path={corpus}", "qa=jsonl", f"qa.path={qa}", "slice.docs_per_source=null",
+          "slice.questions_per_corpus=null", f"paths.cache={tmp_path / 'cache'}", "chunker.chunk_size=120",
+          "chunker.chunk_overlap=20", "embedder.show_progress=false"]
+    res = bench_retrieval_latency(tiny=True, repeats=2, warmup=1, overrides=ov)
+    _check_table(res)
+    r = res["results"]
+    assert set(r) == {"flat", "hnsw", "bm25", "hybrid"}
+    for name, direct in (("flat", "direct_faiss"), ("hnsw", "direct_faiss"), ("bm25", "direct_bm25s"),
+                         ("hybrid", "direct_faiss_bm25s_fused")):
+        assert 0 < r[name]["harness"]["p50_ms"] <= r[name]["harness"]["p95_ms"]
+        assert r[name][direct]["p50_ms"] > 0
+
+
+@pytest.mark.slow
+def test_generation_speed_tiny(tmp_path):
+    """Before/after on a tiny v3: the loop with the old decoding gives the old runtime's answers."""
+    from experiments.benchmarks.generation_speed import bench_generation_speed
+    from tests.conftest import TINY_DOCS, TINY_QA, write_jsonl
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS])
+    qa = write_jsonl(tmp_path / "q.jsonl", [{"id": i, "question": q, "answer": a, "source": s, "corpus": c}
+                                           for i, q, a, s, c in TINY_QA])
+    ov = ["corpus=jsonl", f"corpus.path={corpus}", "qa=jsonl", f"qa.path={qa}", "slice.docs_per_source=null",
+          "slice.questions_per_corpus=null", "chunker.chunk_size=120", "chunker.chunk_overlap=20"]
+    res = bench_generation_speed(tiny=True, overrides=ov)
+    _check_table(res)
+    assert res["generation_identical_share"] == 1.0 and res["generation_speedup"] > 0
+    assert res["n_questions"] == 3 and res["limits"]["read_gb_s"] > 0
+    assert set(res["quality"]) == {"before", "after"}

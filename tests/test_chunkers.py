@@ -465,9 +465,8 @@ def test_token_chunker_does_not_warn_about_long_documents(caplog):
 
 
 def test_token_chunker_missing_tokenizer_is_a_rag_error(tmp_path):
-    chunker = TokenChunker(tokenizer=str(tmp_path / "nope"))
-    with pytest.raises(RagError, match="chunker.tokenizer"):
-        chunker.split(doc("Some text."))
+    with pytest.raises(RagError, match="chunker.tokenizer .*: path does not exist"):
+        TokenChunker(tokenizer=str(tmp_path / "nope"))  # at construction, before any document is read
 
 
 # ---------------------------------------------------------------------------------------------

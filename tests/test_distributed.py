@@ -218,7 +218,7 @@ def compose(overrides: list[str]):
 
 def test_ray_embedder_has_the_local_embedders_cache_key():
     pytest.importorskip("ray")
-    on_ray, local = build(compose(["embedder=minilm_ray"]).embedder), build(compose([]).embedder)
+    on_ray, local = build(compose(["embedder=minilm_ray"]).embedder), build(compose(["embedder=minilm_torch"]).embedder)
     assert type(on_ray).__name__ == "RayDataEmbedder" and isinstance(on_ray, SentenceTransformerEmbedder)
     assert on_ray.id == local.id
     chunks = Artifacts(ArtifactCache("unused"), chunk_set_of(["a", "b"]))

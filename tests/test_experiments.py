@@ -17,7 +17,7 @@ from experiments import bench, charts
 from experiments.aggregate import find_run_dirs, load_records, summary_frame
 from experiments.compare import main as compare_main
 from experiments.report import ReportSettings, build_report
-from experiments.stats import paired_bootstrap
+from experiments.stats import holm, min_detectable_effect, paired_bootstrap, sign_flip_p_value
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 METRICS = ("recall_at_k", "mrr")
@@ -95,12 +95,61 @@ def test_paired_bootstrap_uses_common_questions_only():
     assert empty.n == 0 and not empty.significant
 
 
+def test_sign_flip_test_is_exact_on_small_samples_and_calibrated_under_the_null():
+    from math import comb
+
+    # d in {-1, +1}: the sign-flip test is the two-sided sign test, exactly
+    d = np.array([1.0] * 8 + [-1.0] * 2)
+    assert sign_flip_p_value(d) == pytest.approx(2 * sum(comb(10, i) for i in range(8, 11)) / 2**10)
+    # ties (zero differences) carry no information; 40 wins and 20 losses among 100
+    d = np.array([1.0] * 40 + [-1.0] * 20 + [0.0] * 40)
+    exact = 2 * sum(comb(60, i) for i in range(40, 61)) / 2**60
+    assert sign_flip_p_value(d, permutations=20_000) == pytest.approx(exact, abs=0.004)
+    assert sign_flip_p_value(np.zeros(5)) == 1.0
+    assert sign_flip_p_value(np.ones(30), permutations=999) == pytest.approx(1 / 1000)  # the +1 floor
+    rng = np.random.default_rng(0)
+    ps = np.array([sign_flip_p_value(rng.normal(0, 1, 40), 500, seed=i) for i in range(400)])
+    assert 0.02 <= float(np.mean(ps < 0.05)) <= 0.09  # nominal 5% under the null
+
+
+def test_holm_on_a_constructed_case():
+    p = [0.01, 0.04, 0.03, 0.005, float("nan")]
+    # sorted: 0.005*4 = 0.02, 0.01*3 = 0.03, 0.03*2 = 0.06, 0.04*1 = 0.04 -> 0.06 (monotone)
+    adjusted = holm(p)
+    assert adjusted[:4] == pytest.approx([0.03, 0.06, 0.06, 0.02]) and np.isnan(adjusted[4])
+    assert list(holm([0.5, 0.9])) == [1.0, 1.0]  # capped at 1
+    # Holm against its definition on random p-values: reject the i-th smallest while p_(i) <= alpha/(m-i+1)
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        p = rng.uniform(0, 0.05, 8) ** rng.uniform(0.5, 2)
+        order = np.argsort(p)
+        rejected = np.zeros(8, bool)
+        for i, j in enumerate(order):
+            if p[j] > 0.05 / (8 - i):
+                break
+            rejected[j] = True
+        assert list(holm(p) <= 0.05) == list(rejected)
+
+
+def test_minimum_detectable_effect_has_the_power_it_claims():
+    assert min_detectable_effect(0.3, 150) == pytest.approx((1.959964 + 0.841621) * 0.3 / np.sqrt(150), rel=1e-5)
+    assert min_detectable_effect(0.3, 150, alpha=0.05 / 20) > min_detectable_effect(0.3, 150)
+    assert np.isnan(min_detectable_effect(0.0, 150)) and np.isnan(min_detectable_effect(0.3, 1))
+    # differences of exactly the MDE are found about 80% of the time by the paired test
+    rng = np.random.default_rng(4)
+    n, sd = 100, 0.25
+    effect = min_detectable_effect(sd, n)
+    found = [sign_flip_p_value(rng.normal(effect, sd, n), 400, seed=i) < 0.05 for i in range(300)]
+    assert 0.7 <= float(np.mean(found)) <= 0.9, np.mean(found)
+
+
 # ---------------------------------------------------------------------------------------------
 # synthetic runs
 
 
 def write_run(path: Path, *, variant: str = "custom", overrides: list[str] = (), values: dict[str, list[float]],
-              latency_ms: float = 10.0, job: int | None = None, k: int = 5) -> Path:
+              latency_ms: float = 10.0, job: int | None = None, k: int = 5, ids: list[str] | None = None,
+              question_latency: list[float] | None = None) -> Path:
     """A run directory as the pipeline and Hydra leave it (metrics.json, per_question.jsonl,
     .hydra/overrides.yaml, .hydra/hydra.yaml)."""
     path.mkdir(parents=True, exist_ok=True)
@@ -131,7 +180,10 @@ def write_run(path: Path, *, variant: str = "custom", overrides: list[str] = (),
         "config": config,
     }
     (path / "metrics.json").write_text(json.dumps(doc))
-    rows = [{"id": f"q{i}", "corpus": "libc", **{m: v[i] for m, v in values.items()}} for i in range(n)]
+    rows = [{"id": ids[i] if ids else f"q{i}", "corpus": "libc", **{m: v[i] for m, v in values.items()}}
+            for i in range(n)]
+    for i, r in enumerate(rows if question_latency is not None else []):
+        r["latency_ms"] = {"retrieve": question_latency[i] / 2, "rerank": question_latency[i] / 2}
     (path / "per_question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (path / ".hydra").mkdir(exist_ok=True)
     (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -258,8 +310,91 @@ def test_one_numeric_parameter_draws_lines_and_many_draw_jobs(tmp_path):
     assert_valid_png(tmp_path / "r2" / "charts" / "jobs_objective.png")
 
 
+def test_verdict_corrects_for_every_cell_and_reads_lower_is_better_metrics(tmp_path):
+    """v2..v4 vs v1 on 120 questions. v2: MRR clearly higher, hallucination clearly lower (better),
+    slower. Every run: recall 14 wins / 4 losses of 120 questions (sign test p = 0.031, not
+    significant once corrected over the 12 cells)."""
+    rng = np.random.default_rng(11)
+    n = 120
+    base = rng.uniform(0.2, 0.8, n)
+    hall = (np.arange(n) % 10 < 4).astype(float)  # 40%
+    rec = (np.arange(n) % 2).astype(float)
+    lat = rng.uniform(8, 12, n)
+    write_run(tmp_path / "v1", variant="v1", overrides=["+version=v1"], question_latency=list(lat),
+              values={"recall_at_k": list(rec), "mrr": list(base), "hallucination": list(hall)})
+    rec_up = rec.copy()
+    rec_up[np.flatnonzero(rec == 0)[:14]] = 1.0
+    rec_up[np.flatnonzero(rec == 1)[:4]] = 0.0
+    for v, shift in (("v2", 0.1), ("v3", 0.0), ("v4", 0.0)):
+        h = np.where(np.arange(n) % 10 < 1, 1.0, 0.0) if v == "v2" else hall
+        write_run(tmp_path / v, variant=v, overrides=[f"+version={v}"],
+                  question_latency=list(lat + (50 if v == "v2" else rng.normal(0, 0.5, n))),
+                  values={"recall_at_k": list(rec_up), "mrr": list(np.clip(base + shift + rng.normal(0, 0.03, n), 0, 1)),
+                          "hallucination": list(h)})
+    rep = build_report(load_records([tmp_path]), tmp_path / "out", ReportSettings(charts=False, html=False))
+    cmp = rep.comparison.set_index(["label", "metric"])
+    assert rep.n_tests == 12 and set(cmp.index.get_level_values("metric")) == {"recall_at_k", "mrr", "hallucination",
+                                                                                "latency_ms"}
+    recall = cmp.xs("recall_at_k", level="metric")
+    assert (recall["p_value"] < 0.05).all() and (recall["p_holm"] > 0.05).all()  # raw yes, corrected no
+    assert not recall["significant"].any() and (recall["marker"] == "").all()
+    assert cmp.loc[("v2", "mrr"), "marker"] == "▲" and cmp.loc[("v2", "hallucination"), "marker"] == "▼"
+    assert bool(cmp.loc[("v2", "hallucination"), "better"]) and not bool(cmp.loc[("v2", "latency_ms"), "better"])
+    assert (cmp["n"] == n).all()
+
+    words = rep.verdict.replace("\u00a0", " ")  # numbers keep their unit with a no-break space
+    assert words.startswith(f"Against the baseline v1, over {n} shared questions:")
+    assert "v2 beats v1 on MRR by +0.1" in words and "hallucination rate ↓ by -0.300" in words
+    assert ", but loses on retrieval latency ↓ by +50.0 ms" in words
+    assert "significant after Holm's correction over 12 comparisons" in words
+    assert "Nothing else differs" in words and "recall@5 0." in words  # what would have been detectable
+    assert "v3" not in words and "v4" not in words
+
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert md.index("## Verdict") < md.index("## Results") and rep.verdict in md
+    assert "No correction for multiple comparisons" not in md and "Holm–Bonferroni" in md
+    assert "## Smallest detectable difference" in md and "hallucination rate ↓" in md
+    df = pd.read_csv(tmp_path / "out" / "comparison.csv")
+    assert {"p_value", "p_holm", "significant", "better", "mde", "n", "sd_diff"} <= set(df.columns)
+
+    text = rep.terminal()
+    assert rep.verdict.split(":")[0] in text and str(tmp_path / "out" / "summary.md") in text
+    assert all(len(line) <= 100 for line in text.splitlines()), max(text.splitlines(), key=len)
+    assert "0.60 [" in text or "▲" in text  # the headline table with CIs and markers
+
+
+def test_comparisons_use_shared_questions_only_and_say_so(tmp_path):
+    rng = np.random.default_rng(1)
+    v = rng.uniform(0, 1, 60)
+    write_run(tmp_path / "v1", variant="v1", overrides=["+version=v1"], values={"mrr": list(v)})
+    write_run(tmp_path / "v2", variant="v2", overrides=["+version=v2"], values={"mrr": list(v[10:] + 0.2)},
+              ids=[f"q{i}" for i in range(10, 60)])
+    rep = build_report(load_records([tmp_path]), tmp_path / "out", ReportSettings(charts=False, html=False))
+    row = rep.comparison.iloc[0]
+    assert (row["n"], row["n_run"], row["n_baseline"]) == (50, 50, 60)
+    assert row["diff"] == pytest.approx(0.2)
+    assert "over 50 shared questions" in rep.verdict and "v2 has 50 and v1 60" in rep.verdict
+
+    write_run(tmp_path / "v3", variant="v3", overrides=["+version=v3"], values={"mrr": [0.5] * 5},
+              ids=[f"other{i}" for i in range(5)])
+    rep = build_report(load_records([tmp_path / "v1", tmp_path / "v3"]), tmp_path / "out2",
+                       ReportSettings(charts=False, html=False))
+    assert rep.comparison.empty and rep.verdict.startswith("No comparison: v1 and v3 share no question")
+
+
+def test_single_run_verdict_gives_the_detectable_difference(tmp_path):
+    rng = np.random.default_rng(1)
+    write_run(tmp_path / "v1", variant="v1", overrides=["+version=v1"], values={"mrr": list(rng.uniform(0, 1, 80))})
+    rep = build_report(load_records([tmp_path]), tmp_path / "out", ReportSettings(charts=False, html=False))
+    assert rep.comparison.empty and rep.n_tests == 0
+    assert rep.verdict.startswith("One run (v1): MRR 0.") and "over 80 questions" in rep.verdict
+    assert rep.mde.iloc[0]["basis"].startswith("unpaired") and 0.1 < rep.mde.iloc[0]["mde"] < 0.3
+
+
 def test_run_chart_and_labels():
     assert charts.metric_label("recall_at_k", 5) == "recall@5"
+    assert charts.metric_label("hallucination") == "hallucination rate ↓"  # lower is better, marked
+    assert charts.metric_label("ndcg_at_k", 10) == "nDCG@10" and charts.metric_label("my_metric") == "my_metric"
     assert "0–1" in charts.metric_label("mrr", unit=True)
     assert charts.param_label("chunker.chunk_size", "tokens") == "chunk size (tokens)"
     df = pd.DataFrame({"latency_retrieve_ms_per_question": [1.0], "latency_total_ms_median": [2.0]})
@@ -284,12 +419,12 @@ def test_compare_cli_mixes_sweeps_and_single_runs(tmp_path):
     assert compare_main([str(tmp_path / "nothing-here")]) == 2
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert compare_main([str(empty)]) == 1
-    # default --out: a new directory under outputs/compare/<timestamp>
+    assert compare_main([str(empty)]) == 2  # nothing to compare is a user error too
+    # default --out: a new directory under outputs/compare/<timestamp>, created (so claimed) at once
     from experiments.compare import default_out
 
     a = default_out(tmp_path / "compare")
-    a.mkdir(parents=True)
+    assert a.is_dir()
     assert default_out(tmp_path / "compare") != a
 
 
@@ -364,3 +499,18 @@ def test_bench_registry_and_cli(tmp_path, monkeypatch, capsys):
     assert res["x"] == 1 and res["table"][0]["value"] == 42.0
     assert "| answer | 42.000 | s |" in (tmp_path / "bench.md").read_text()
     assert "dummy" in json.loads((tmp_path / "results.json").read_text())
+
+
+def test_bench_headline_gathers_the_issue_ratios(tmp_path):
+    (tmp_path / "families").mkdir()
+    (tmp_path / "results.json").write_text(json.dumps({"alpha_sweep": {"alpha_sweep_ratio": 1.1},
+                                                       "grid_sweep": {"grid_sweep_ratio": 1.05}}))
+    (tmp_path / "families" / "results.json").write_text(json.dumps({"results": {
+        "generation_speed": {"generation_speedup": 2.5, "generation_identical_share": 1.0},
+        "onnx": {"embed_speedup": 1.6}}}))
+    assert bench.main(["--headline", "--out", str(tmp_path)]) == 0
+    heads = json.loads((tmp_path / "headline.json").read_text())
+    assert heads == {"generation_speedup": 2.5, "generation_identical_share": 1.0, "embed_speedup": 1.6,
+                     "alpha_sweep_ratio": 1.1, "grid_sweep_ratio": 1.05}
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["grid_sweep_ratio"] == 1.05 and results["alpha_sweep"]["alpha_sweep_ratio"] == 1.1

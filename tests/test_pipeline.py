@@ -121,6 +121,14 @@ def test_generation_adds_answer_metrics_and_caches_answers(tiny_files, compose_c
     assert third["artifacts"]["answers"]["hit"] is False
 
 
+def test_all_questions_preset_is_every_question_on_the_whole_corpus_retrieval_only(compose_cfg):
+    for overrides in (["+preset=all_questions"], ["+version=v4", "+preset=all_questions"]):
+        cfg = compose_cfg(overrides)
+        assert cfg.slice.docs_per_source is None and cfg.slice.questions_per_corpus is None
+        assert cfg.llm._target_ == "rag.generation.NoGenerator"
+        assert cfg.qa._target_ == "rag.qa.MixedQuestions"
+
+
 def test_answers_for_a_sample_retrieval_for_every_question(tiny_files, compose_cfg):
     """slice.answer_questions_per_corpus: answer metrics on the sample, retrieval on all, and the
     answered questions' scores equal those of a run that answers every question."""

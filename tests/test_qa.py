@@ -8,7 +8,7 @@ import pytest
 
 from rag.qa import JsonlQuestions, MixedQuestions, PubMedQAQuestions
 from rag.config import data_dir
-from rag.types import QAItem, RagError
+from rag.types import QAItem, RagError, Relevance
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = data_dir()  # ships with the project: these tests never skip for want of it
@@ -29,12 +29,15 @@ def test_pubmedqa_questions():
     raw = json.loads(PUBMEDQA.read_text(encoding="utf-8"))
     items = PubMedQAQuestions(path=str(PUBMEDQA)).load()
     assert len(items) == 1000
+    first = raw["21645374"]
+    text = "\n\n".join(first["CONTEXTS"]) + "\n\n" + first["LONG_ANSWER"]
     assert items[0] == QAItem(
         id="pubmedqa:21645374",
-        question=raw["21645374"]["QUESTION"],
-        answer=raw["21645374"]["LONG_ANSWER"],
+        question=first["QUESTION"],
+        answer=first["LONG_ANSWER"],
         source="pmid:21645374",
         corpus="pubmed",
+        relevant=(Relevance("pmid:21645374", 1, (len(text) - len(first["LONG_ANSWER"]), len(text))),),
     )
     assert [i.id for i in items] == [f"pubmedqa:{k}" for k in raw]
     assert {i.corpus for i in items} == {"pubmed"}
@@ -61,6 +64,19 @@ def test_jsonl_questions(tmp_path):
     assert JsonlQuestions(path).fingerprint()["inputs"]["path"] == str(path)
 
 
+def test_jsonl_questions_with_graded_labels(tmp_path):
+    rows = [
+        q("a", source="man:fcntl.2", relevant=[{"doc": "man:fcntl.2", "grade": 2, "span": [10, 40]}, {"doc": "man:open.2"}]),
+        {"id": "b", "question": "no answer, labels only?", "relevant": [{"doc": "man:open.2", "grade": 0}]},
+        q("c", source="man:open.2"),
+    ]
+    a, b, c = JsonlQuestions(write_jsonl(tmp_path / "qa.jsonl", rows)).load()
+    assert a.labels == (Relevance("man:fcntl.2", 2, (10, 40)), Relevance("man:open.2", 1))
+    assert a.source == "man:fcntl.2", "source stays what it was: the by-source-id metrics use it"
+    assert b.answer is None and b.labels == (Relevance("man:open.2", 0),)
+    assert c.relevant == () and c.labels == (Relevance("man:open.2", 1),), "a plain source is one label of grade 1"
+
+
 @pytest.mark.parametrize(
     "rows, pattern",
     [
@@ -72,6 +88,15 @@ def test_jsonl_questions(tmp_path):
         ([q("a"), q("b"), q("a")], r"qa.jsonl:3: duplicate question id 'a' \(first on line 1\)"),
         (['"just a string"'], r"qa.jsonl:1: expected a JSON object"),
         (["", " "], r"qa.jsonl: file is empty"),
+        ([q("a", relevant={"doc": "d"})], r"qa.jsonl:1: field 'relevant' must be a list of objects"),
+        ([q("a", relevant=[])], r"qa.jsonl:1: field 'relevant' is an empty list"),
+        ([q("a", relevant=["d"])], r"qa.jsonl:1: relevant\[0\] must be an object"),
+        ([q("a", relevant=[{"doc": "d", "score": 1}])], r"qa.jsonl:1: relevant\[0\]: unknown field\(s\) \['score'\]"),
+        ([q("a", relevant=[{"grade": 1}])], r"qa.jsonl:1: relevant\[0\]: missing or empty field 'doc'"),
+        ([q("a", relevant=[{"doc": "d", "grade": -1}])], r"'grade' must be a non-negative integer, got -1"),
+        ([q("a", relevant=[{"doc": "d", "grade": True}])], r"'grade' must be a non-negative integer, got True"),
+        ([q("a", relevant=[{"doc": "d", "span": [1, 2, 3]}])], r"'span' must be \[start, end\]"),
+        ([q("a", relevant=[{"doc": "d", "span": [-1, 2]}])], r"'span' must be \[start, end\]"),
     ],
 )
 def test_jsonl_questions_errors(tmp_path, rows, pattern):

@@ -169,13 +169,19 @@ def test_joblib_jobs_share_a_cold_cache(tiny, tmp_path):
 def test_versions_preset_sweeps_plus_version(tiny):
     """`sweep=versions` sweeps the `+version` presets; the command line narrows the list."""
     sweep = tiny["root"] / "versions"
-    multirun(sweep_overrides(tiny) + ["chunker.chunk_size=120", "sweep=versions", "+version=v1,v2"], sweep)
+    done = multirun(sweep_overrides(tiny) + ["chunker.chunk_size=120", "sweep=versions", "+version=v1,v2"], sweep)
     df = pd.read_csv(sweep / "summary.csv")
     assert df["variant"].tolist() == ["v1", "v2"] and df["label"].tolist() == ["v1", "v2"]
     assert df["baseline"].tolist() == [True, False]
     assert_valid_png(sweep / "charts" / "version_comparison.png")
     md = (sweep / "summary.md").read_text()
     assert "v1 (baseline)" in md and "Differences vs baseline (v1)" in md
+    # the multirun's last words: the verdict, the headline table and where the files are
+    tail = done.stdout[done.stdout.index(" verdict "):]
+    assert "Against the baseline v1" in tail and "v1 (baseline)" in tail
+    assert f"report:   {sweep / 'report.html'}" in tail and f"summary:  {sweep / 'summary.md'}" in tail
+    assert all(len(line) <= 100 for line in tail.splitlines())
+    assert (sweep / "report.html").exists() and (sweep / "0" / "report.html").exists()
 
 
 def _compose(overrides: list[str]):

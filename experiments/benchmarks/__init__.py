@@ -27,11 +27,16 @@ FAMILIES = {
     "scale": "experiments.benchmarks.scale:bench_scale",
     "ray_encoding": "experiments.benchmarks.ray_encoding:bench_ray_encoding",  # skips, with its reason, without ray
     "generation": "experiments.benchmarks.generation:bench_generation",
+    "serving": "experiments.benchmarks.serving:bench_serving",  # skips, with its reason, without the serving extra
+    "generation_speed": "experiments.benchmarks.generation_speed:bench_generation_speed",
+    "retrieval_latency": "experiments.benchmarks.retrieval_latency:bench_retrieval_latency",
 }
 # Families a plain (quick) run leaves out, because the quick run must stay under 30 minutes on 2
 # cores: ray_encoding needs an optional extra and starts a cluster; generation loads the LLM on
-# every device it compares. --full or --only runs them.
-OPT_IN = {"ray_encoding", "generation"}
+# every device it compares; serving starts servers and generates 36 answers five times. --full
+# or --only runs them.
+# retrieval_latency embeds the whole `mixed` corpus when its vectors are not cached (~7 min).
+OPT_IN = {"ray_encoding", "generation", "serving", "retrieval_latency"}
 
 
 class _Registry(Mapping[str, Callable[..., dict[str, Any]]]):

@@ -52,8 +52,22 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"benchmarks: error: --out {args.out}: {e.strerror}", file=sys.stderr)
+        return 2
     names = args.only or [n for n in REGISTRY if args.full or n not in OPT_IN]
+    done: list[str] = []
+    try:
+        return _run(args, names, done)
+    except KeyboardInterrupt:
+        print(f"benchmarks: interrupted; finished: {', '.join(done) or 'none'} (their <name>.json are complete; "
+              "results.json and bench.md were not written)", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace, names: list[str], done: list[str]) -> int:
     env = environment()
     results: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
@@ -66,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             res = {"error": f"{type(e).__name__}: {e}"}
         results[name] = res
         atomic_write_text(args.out / f"{name}.json", json.dumps(res, indent=2, default=str))
+        done.append(name)
         for r in res.get("table", []):
             print(f"  {r['measure']:<70} {r['value']!s:>12} {r.get('unit', '')}  {r.get('note', '')}", flush=True)
         print(f"  ({res.get('wall_s', '?')} s)", flush=True)

@@ -21,17 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import OmegaConf
 
 from experiments.benchmarks.common import environment, finish, pubmedqa_chunks, ratio, row, scratch_dir, start
 from rag.config import PROJECT_ROOT
 
 
-def make_embedder(name: str = "minilm", **overrides: Any) -> Any:
-    """The embedder as a run builds it from conf/embedder/<name>.yaml (progress bars off)."""
+def make_embedder(name: str = "minilm_torch", **overrides: Any) -> Any:
+    """The embedder as a run builds it from `embedder=<name>` (composed, so a config that extends
+    another works; progress bars off)."""
+    from experiments.benchmarks.common import compose
     from rag.pipeline import build
 
-    node = OmegaConf.load(PROJECT_ROOT / "conf" / "embedder" / f"{name}.yaml")
+    node = compose([f"embedder={name}"]).embedder
     node.show_progress = False
     for k, v in overrides.items():
         node[k] = v
@@ -108,7 +109,7 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
     n_texts = n_texts or (16 if tiny else 2000 if full else 1000)
     blocks = blocks or (2 if tiny else 10)
     texts = pubmedqa_chunks(n_texts)
-    embedder = make_embedder("minilm")
+    embedder = make_embedder("minilm_torch")
     t0 = time.perf_counter()
     st = embedder.model
     load_s = time.perf_counter() - t0
@@ -152,7 +153,7 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
         hits_ms, fresh, arts = [], None, None
         cache, chunk_set = caches[0]
         for _ in range(5):
-            fresh = make_embedder("minilm")
+            fresh = make_embedder("minilm_torch")
             arts = Artifacts(cache, chunk_set)
             t0 = time.perf_counter()
             vecs = arts.vectors(fresh)

@@ -80,7 +80,7 @@ def bench_ray_encoding(quick: bool = True, full: bool = False, tiny: bool = Fals
     n_texts = n_texts or (48 if tiny else 2000 if full else 1000)
     ray_batch_size = ray_batch_size or (16 if tiny else 128)
     texts = pubmedqa_chunks(n_texts)
-    local = make_embedder("minilm")
+    local = make_embedder("minilm_torch")
     t0 = time.perf_counter()
     local.model
     load_s = time.perf_counter() - t0

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 from typing import Any
 
 from rag.chunking.base import BaseChunker, Span, check_overlap, spans_to_chunks, window_spans
@@ -16,6 +18,8 @@ def load_tokenizer(path: str) -> Any:
     """One tokenizer per path per process (every TokenChunker of a sweep shares it)."""
     from transformers import AutoTokenizer
 
+    if path.startswith(("/", ".", "~")) and not Path(path).expanduser().exists():
+        raise RagError(f"chunker.tokenizer {path!r}: path does not exist")
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
@@ -42,6 +46,8 @@ class TokenChunker(BaseChunker):
         self.chunk_overlap = check_overlap(self.chunk_overlap, self.chunk_size, unit=" tokens")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise RagError(f"chunker.tokenizer must be a model name or path, got {self.tokenizer!r}")
+        if self.tokenizer.startswith(("/", ".", "~")) and not Path(self.tokenizer).expanduser().exists():
+            raise RagError(f"chunker.tokenizer {self.tokenizer!r}: path does not exist")
 
     @property
     def hf_tokenizer(self) -> Any:
@@ -67,3 +73,31 @@ class TokenChunker(BaseChunker):
         tokens = self.token_spans(doc.text)
         windows = window_spans(0, len(tokens), self.chunk_size, self.chunk_overlap)
         return spans_to_chunks(doc, [(tokens[a][0], tokens[b - 1][1]) for a, b in windows])
+
+    def check_fits(self, embedder_model: str, max_seq_length: int | None) -> None:
+        """Refuses windows longer than the embedder keeps: sentence-transformers truncates every
+        input at its max_seq_length (special tokens included), so such chunks would be embedded
+        by their first part only while scored and shown whole. Skipped when the chunker counts
+        another model's tokens, or the embedder's limit cannot be read without loading it."""
+        if resolve_model_path(embedder_model) != resolve_model_path(self.tokenizer):
+            return
+        limit = max_seq_length or model_max_seq_length(resolve_model_path(embedder_model))
+        if limit is None:
+            return
+        room = limit - self.hf_tokenizer.num_special_tokens_to_add(pair=False)
+        if self.chunk_size > room:
+            raise RagError(
+                f"chunker.chunk_size ({self.chunk_size} tokens) is longer than the embedder keeps: it truncates "
+                f"at {limit} tokens ({'embedder.max_seq_length' if max_seq_length else 'the model default'}, "
+                f"{limit - room} of them special), so every longer chunk would be embedded cut short; "
+                f"use chunker.chunk_size <= {room} or raise embedder.max_seq_length"
+            )
+
+
+def model_max_seq_length(path: str) -> int | None:
+    """A sentence-transformers model folder's own max_seq_length (sentence_bert_config.json)."""
+    try:
+        value = json.loads((Path(path) / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None

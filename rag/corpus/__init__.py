@@ -4,6 +4,7 @@ Build one with `hydra.utils.instantiate` (e.g. `_target_: rag.corpus.PubMedQACor
 `load()`; `fingerprint()` is the cache key for what `load()` returns.
 """
 from rag.corpus.base import Corpus
+from rag.corpus.beir import BeirCorpus
 from rag.corpus.jsonl import JsonlCorpus
 from rag.corpus.libc import LibcManCorpus
 from rag.corpus.medline import MedlineCorpus
@@ -12,6 +13,7 @@ from rag.corpus.pubmedqa import PubMedQACorpus
 from rag.corpus.pytorch import PyTorchCorpus
 
 __all__ = [
+    "BeirCorpus",
     "Corpus",
     "JsonlCorpus",
     "LibcManCorpus",

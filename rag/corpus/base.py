@@ -83,8 +83,12 @@ def listing_fingerprint(paths: Iterable[Path], root: Path | None = None) -> dict
     return {"root": str(root) if root else None, "files": n, "sha256": h.hexdigest()[:20]}
 
 
+BOM = b"\xef\xbb\xbf"
+
+
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
-    """The file's bytes; missing and empty (or all-whitespace) files are errors."""
+    """The file's bytes, without a UTF-8 byte-order mark; missing, empty (or all-whitespace),
+    compressed and UTF-16 files are errors that say which."""
     p = as_path(path)
     try:
         data = p.read_bytes()
@@ -94,8 +98,14 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
         raise RagError(f"{p}: is a directory, expected a file") from None
     except OSError as e:
         raise RagError(f"{p}: cannot read: {e.strerror}") from None
+    data = data.removeprefix(BOM)  # Windows editors write one; it is not part of the text
     if not data.strip():
         raise RagError(f"{p}: file is empty")
+    for magic, kind in ((b"\x1f\x8b", "gzip-compressed (gunzip it first)"), (b"BZh", "bzip2-compressed (bunzip2 it first)"),
+                        (b"\xfd7zXZ", "xz-compressed (unxz it first)"), (b"PK\x03\x04", "a zip archive (unzip it first)"),
+                        (b"\xff\xfe", "UTF-16 encoded (save it as UTF-8)"), (b"\xfe\xff", "UTF-16 encoded (save it as UTF-8)")):
+        if data.startswith(magic):
+            raise RagError(f"{p}: file is {kind}, expected UTF-8 text")
     return data
 
 
@@ -114,29 +124,77 @@ def read_text(path: str | os.PathLike[str]) -> str:
 def load_json(path: str | os.PathLike[str]) -> Any:
     p = as_path(path)
     try:
-        return json.loads(read_text(p))
+        obj = json.loads(read_text(p))
     except json.JSONDecodeError as e:
         raise RagError(f"{p}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+    check_encodable(obj, str(p))
+    return obj
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(1-based line number, object) for each non-blank line of a JSON-lines file."""
     p = as_path(path)
     data = read_bytes(p)
+    if data.lstrip().startswith(b"[") and _is_json_array(data):
+        out = p.with_suffix(".jsonl").name if p.suffix != ".jsonl" else f"{p.stem}-lines.jsonl"
+        raise RagError(
+            f"{p}: this is one JSON array, not JSON lines: write one JSON object per line "
+            f"(e.g. jq -c '.[]' {p.name} > {out})"
+        )
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
         if not raw.strip():
             continue
+        where = f"{p}:{lineno}"
+        if b"\x00" in raw:
+            column = raw.index(b"\x00") + 1
+            raise RagError(f"{where}: NUL byte at column {column}: a binary file, or UTF-16 without a byte-order mark?")
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise RagError(f"{p}:{lineno}: invalid UTF-8 (byte 0x{raw[e.start]:02x})") from None
+            raise RagError(f"{where}: invalid UTF-8 (byte 0x{raw[e.start]:02x})") from None
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise RagError(f"{p}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+            raise RagError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
         if not isinstance(obj, dict):
-            raise RagError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            raise RagError(f"{where}: expected a JSON object, got {_json_type(obj)}")
+        if "\\u" in line:  # only a \u escape can produce a lone surrogate
+            check_encodable(obj, where)
         yield lineno, obj
+
+
+def _is_json_array(data: bytes) -> bool:
+    try:
+        return isinstance(json.loads(data), list)
+    except ValueError:  # not one JSON document: perhaps JSON lines whose first line is an array
+        return data.lstrip().startswith(b"[\n") or data.lstrip().startswith(b"[\r\n")
+
+
+def _json_type(obj: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+            type(None): "null"}.get(type(obj), type(obj).__name__)
+
+
+def check_encodable(obj: Any, where: str, field: str = "") -> None:
+    """JSON's \\u escapes can encode half of a UTF-16 surrogate pair (\\ud800), which Python
+    accepts but no UTF-8 file can hold: reject it here, naming the field, not when the cache is
+    written."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError as e:
+            name = f"field '{field}'" if field else "a value"
+            raise RagError(
+                f"{where}: {name} contains a lone surrogate \\u{ord(obj[e.start]):04x} at character {e.start + 1} "
+                "(half of a UTF-16 pair, not valid text); remove or fix that escape"
+            ) from None
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            check_encodable(k, where, field)
+            check_encodable(v, where, f"{field}.{k}" if field else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            check_encodable(v, where, f"{field}[{i}]")
 
 
 def string_field(obj: dict[str, Any], field: str, where: str, *, required: bool = True) -> str | None:

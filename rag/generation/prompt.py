@@ -76,3 +76,12 @@ class PromptBuilder:
         return self.template.format(
             contexts=self.format_contexts(contexts), question=question.strip(), no_answer=self.no_answer
         )
+
+
+def chat_messages(system_prompt: str | None, user: str) -> list[dict[str, str]]:
+    """The chat messages of one prompt: the system prompt (when there is one), then the user
+    message; what `hf.render_chat` renders with the tokenizer's template and what `llm=openai`
+    sends to a server, which applies the same template."""
+    return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+        {"role": "user", "content": user}
+    ]

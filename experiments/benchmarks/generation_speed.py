@@ -1,0 +1,251 @@
+"""Generation on the CPU: the generator's runtime and decoding against the runtime before them,
+on v3's own prompts, with the limits this machine puts on a 135M-parameter model.
+
+Prompts: `+version=v3` on the default slice (its retrieval, MMR reranking and contexts, from the
+artifact cache, built if missing), `n_per_corpus` questions of each corpus spread evenly over the
+question list. Variants, in one process, on the same prompts:
+
+- `before`: the runtime before this change - transformers' `generate`, batches of 4, float32, one
+  torch thread, 96 new tokens, no stop rule (`llm.runtime=generate`);
+- `after_same_decoding`: `llm=smollm2`'s runtime settings (the decoding loop, its batch size and
+  threads) with the decoding of `before`: **generation_speedup** (tokens/s ratio) and
+  **generation_identical_share** (answers identical to `before`'s) come from this pair;
+- `bfloat16_same_decoding` (optional, `bf16=True`): the same with bfloat16 weights;
+- `after`: `llm=smollm2` as configured (its stop rules and length cap): tokens per answer, wall
+  time, and answer-GT / grounding / hallucination from the evaluation embedder, against `before`.
+
+Limits: the float32 and bfloat16 GEMM rates (torch.matmul on the prompt's shapes, 1 thread and
+all threads) and the read bandwidth (numpy, 512 MB) measured in the same run; the prefill FLOPs of
+the prompts (2 x non-embedding parameters per token, plus attention) and the bytes a decoding
+step reads (weights, plus each live row's KV cache) turn them into a floor in seconds.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from experiments.benchmarks.common import compose, environment, finish, ratio, row, start
+
+OLD_DECODING = {"max_new_tokens": 96, "stop": [], "repeat_stop_ngram": 0, "no_repeat_ngram_size": 0}
+BEFORE = {"runtime": "generate", "batch_size": 4, "num_threads": 1, "dtype": "float32", **OLD_DECODING}
+
+
+def v3_prompts(n_per_corpus: int, overrides: list[str] = ()) -> dict[str, Any]:
+    """Questions, their v3 contexts and ground truths, `n_per_corpus` of each corpus."""
+    from rag.pipeline import open_session, rerank_timed
+
+    cfg = compose(["+version=v3", "llm=none", "embedder.show_progress=false", *overrides])
+    s = open_session(cfg)
+    by_corpus: dict[str, list[int]] = {}
+    for i, q in enumerate(s.qa):
+        by_corpus.setdefault(q.corpus or "-", []).append(i)
+    rows = []
+    for members in by_corpus.values():
+        pick = np.unique(np.linspace(0, len(members) - 1, min(n_per_corpus, len(members))).round().astype(int))
+        rows += [members[j] for j in pick]
+    qa = [s.qa[i] for i in rows]
+    queries = [q.question for q in qa]
+    fused = s.retriever.search_each(queries, s.depth, s.retriever.filters_for([q.corpus for q in qa]))
+    hits, _ = rerank_timed(s.reranker, queries, fused, s.chunk_set.chunks, s.settings.k)
+    contexts = s.context_builder.build(hits, s.chunk_set)
+    return {"questions": queries, "contexts": contexts, "truths": [q.answer for q in qa],
+            "corpora": [q.corpus for q in qa], "llm": dict(cfg_llm(overrides))}
+
+
+def cfg_llm(overrides: list[str] = ()) -> Any:
+    from omegaconf import OmegaConf
+
+    cfg = compose(["+version=v3", *overrides])
+    return OmegaConf.to_container(cfg.llm, resolve=True)
+
+
+def machine_limits(threads: int) -> dict[str, float]:
+    """GEMM rates on the prefill's shapes (a 700-token prompt through a 576 -> 1536 projection)
+    and the read bandwidth, best of 5."""
+    import torch
+
+    def best(fn: Any, r: int = 5) -> float:
+        fn()
+        ts = []
+        for _ in range(r):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    out: dict[str, float] = {}
+    a = np.ones(64 * 2**20, np.float64)  # 512 MB: far past the caches
+    out["read_gb_s"] = round(a.nbytes / best(a.sum) / 1e9, 2)
+    previous = torch.get_num_threads()
+    m, k, n = 2048, 576, 1536
+    for t in sorted({1, threads}):
+        torch.set_num_threads(t)
+        for dt in (torch.float32, torch.bfloat16):
+            x, w = torch.randn(m, k, dtype=dt), torch.randn(k, n, dtype=dt)
+            rate = 2 * m * k * n / best(lambda x=x, w=w: x @ w) / 1e9
+            out[f"gemm_{str(dt).split('.')[-1]}_{t}t_gflop_s"] = round(rate, 1)
+    torch.set_num_threads(previous)
+    return out
+
+
+def model_costs(lm: Any) -> dict[str, float]:
+    """Parameters and per-token costs of the model (Llama-style: GQA attention, gated MLP)."""
+    c = lm.config
+    params = sum(p.numel() for p in lm.parameters())
+    embed = c.vocab_size * c.hidden_size
+    head_dim = getattr(c, "head_dim", c.hidden_size // c.num_attention_heads)
+    kv_bytes_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4
+    return {"params": params, "non_embedding_params": params - embed, "embedding_params": embed,
+            "kv_bytes_per_token_fp32": kv_bytes_per_token, "layers": c.num_hidden_layers,
+            "hidden": c.hidden_size, "attention_heads": c.num_attention_heads}
+
+
+def floor_seconds(costs: dict[str, float], stats: dict[str, float], limits: dict[str, float], dtype: str,
+                  threads: int) -> dict[str, float]:
+    """Seconds the work of a run cannot go below on this machine: prefill FLOPs at the GEMM rate,
+    plus decoding steps' reads (weights once per step and batch; KV per live row) at the read
+    bandwidth. Decoding steps are counted from the run's own row-steps and batches."""
+    bytes_w = 4 if dtype == "float32" else 2
+    gemm = limits.get(f"gemm_{dtype}_{threads}t_gflop_s") or limits.get(f"gemm_{dtype}_1t_gflop_s")
+    prefill_flops = 2 * costs["non_embedding_params"] * stats["padded_prefill_tokens"]
+    prefill_s = prefill_flops / (gemm * 1e9)
+    # weights: once per decoding step of a batch; the lm head's share (tied embedding) included
+    steps = stats["decode_steps"]
+    weight_bytes = costs["params"] * bytes_w * steps
+    kv_bytes = stats["decode_row_steps"] * costs["kv_bytes_per_token_fp32"] * (bytes_w / 4) * stats.get("mean_context", 0)
+    decode_s = (weight_bytes + kv_bytes) / (limits["read_gb_s"] * 1e9)
+    return {"prefill_s": round(prefill_s, 2), "decode_s": round(decode_s, 2), "total_s": round(prefill_s + decode_s, 2),
+            "gemm_gflop_s": gemm}
+
+
+def run_variant(name: str, settings: dict[str, Any], base_llm: dict[str, Any], prompts: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from rag.generation import llm as llm_module
+    from rag.generation.hf import HFGenerator
+
+    args = {k: v for k, v in base_llm.items() if k != "_target_"}
+    args.update(settings)
+    gen = HFGenerator(**args)
+    llm_module.load_causal_lm.cache_clear()
+    gen.warm_up()
+    gen.generate(prompts["questions"][:1], prompts["contexts"][:1])  # kernels and allocator warm
+    t0 = time.perf_counter()
+    answers = gen.generate(prompts["questions"], prompts["contexts"])
+    wall = time.perf_counter() - t0
+    st = dict(gen.stats)
+    used = gen._auto_threads if gen.num_threads == "auto" else gen.num_threads
+    st["threads_used"] = int(used or torch.get_num_threads())
+    return {"name": name, "settings": {k: args[k] for k in ("runtime", "batch_size", "num_threads", "dtype")},
+            "decoding": gen.rules.id, "wall_s": round(wall, 2), "stats": st, "answers": answers,
+            "tokens_per_s": round(st["new_tokens"] / wall, 2),
+            "tokens_per_answer": round(st["answer_tokens"] / len(answers), 1),
+            "generated_per_answer": round(st["new_tokens"] / len(answers), 1), "generator": gen}
+
+
+def single_question_ms(gen: Any, prompts: dict[str, Any], n: int = 4) -> float:
+    """One question alone, as `rag.ask` serves it: median wall time over n questions."""
+    ts = []
+    for i in range(min(n, len(prompts["questions"]))):
+        t0 = time.perf_counter()
+        gen.generate(prompts["questions"][i : i + 1], prompts["contexts"][i : i + 1])
+        ts.append(1000 * (time.perf_counter() - t0))
+    return round(statistics.median(ts), 1)
+
+
+def answer_scores(answers: list[str], prompts: dict[str, Any], tau_h: float = 0.5) -> dict[str, np.ndarray]:
+    """answer-GT, grounding and hallucination per question (eval/metrics.py, conf/eval's embedder)."""
+    from eval import metrics as M
+    from eval.scoring import ScoreSettings
+    from rag.pipeline import build
+
+    embedder = build(compose([]).eval.embedder)
+    sep = ScoreSettings.__dataclass_fields__["context_separator"].default
+    e_t = embedder.encode(prompts["truths"], show_progress=False)
+    e_c = embedder.encode([sep.join(c.text for c in ctx) for ctx in prompts["contexts"]], show_progress=False)
+    e_a = embedder.encode(answers, show_progress=False)
+    gt = M.answer_gt_similarity(e_a, e_t)
+    gr = M.grounding(e_a, e_c)
+    return {"answer_gt": gt, "grounding": gr, "hallucination": M.hallucination(gt, gr, tau_h)}
+
+
+def bench_generation_speed(quick: bool = True, full: bool = False, tiny: bool = False, n_per_corpus: int | None = None,
+                           bf16: bool = True, overrides: list[str] = (), n_single: int = 4) -> dict[str, Any]:
+    """Generation on the CPU: tokens/s of the generator against the runtime before it on v3's
+    prompts (same decoding: speed-up and identical answers), the new decoding's answer length and
+    quality, and the machine's limits."""
+    clock = start()
+    n = n_per_corpus or (1 if tiny else 50 if full else 8)
+    prompts = v3_prompts(n, list(overrides))
+    base_llm = prompts["llm"]
+    threads = os.cpu_count() or 1
+    tiny_cap = {"max_new_tokens": 8} if tiny else {}
+    variants = [("before", {**BEFORE, **tiny_cap}),
+                ("after_same_decoding", {**OLD_DECODING, **tiny_cap}),
+                ("after", dict(tiny_cap))]
+    if bf16 and not tiny:
+        variants.insert(2, ("bfloat16_same_decoding", {**OLD_DECODING, "dtype": "bfloat16"}))
+    results: dict[str, Any] = {}
+    for name, settings in variants:
+        results[name] = run_variant(name, settings, base_llm, prompts)
+    before, same = results["before"], results["after_same_decoding"]
+    single = {"before": single_question_ms(before["generator"], prompts, n_single),
+              "after": single_question_ms(results["after"]["generator"], prompts, n_single)}
+    costs = model_costs(before["generator"]._lm[1])
+    for r in results.values():
+        del r["generator"]
+    limits = machine_limits(threads)
+    mean_ctx = float(np.mean([s for s in [before["stats"]["prefill_tokens"] / len(prompts["questions"])]]))
+    for r in results.values():
+        r["stats"]["mean_context"] = mean_ctx
+        r["floor"] = floor_seconds(costs, r["stats"], limits, r["settings"]["dtype"], r["stats"]["threads_used"])
+        r["identical_to_before"] = round(float(np.mean([a == b for a, b in zip(r["answers"], before["answers"])])), 4)
+    quality = {}
+    for name in ("before", "after"):
+        sc = answer_scores(results[name]["answers"], prompts)
+        quality[name] = {k: round(float(v.mean()), 4) for k, v in sc.items()}
+    out = {
+        "n_questions": len(prompts["questions"]),
+        "generation_speedup": ratio(same["tokens_per_s"], before["tokens_per_s"]),
+        "generation_identical_share": same["identical_to_before"],
+        "differing_answers": [{"question": q, "before": a, "after": b} for q, a, b in
+                              zip(prompts["questions"], before["answers"], same["answers"]) if a != b],
+        "variants": results, "single_question_ms": single, "quality": quality, "limits": limits, "model": costs,
+        "threads": threads, "environment": environment(),
+    }
+    out["table"] = table(out)
+    return finish(out, clock)
+
+
+def table(out: dict[str, Any]) -> list[dict[str, Any]]:
+    v = out["variants"]
+    b = v["before"]
+    rows = [row("questions (v3 prompts, default slice)", out["n_questions"], "",
+                f"mean prompt {v['before']['stats']['mean_context']:.0f} tokens")]
+    for name, r in v.items():
+        s = r["settings"]
+        rows.append(row(f"{name}: tokens/s", r["tokens_per_s"], "tok/s",
+                        f"{s['runtime']}, batch {s['batch_size']}, {r['stats']['threads_used']} thread(s) ({s['num_threads']}), {s['dtype']}; "
+                        f"{r['wall_s']} s for {r['stats']['new_tokens']} tokens ({r['generated_per_answer']} per answer); "
+                        f"{ratio(r['tokens_per_s'], b['tokens_per_s'])}x before; identical to before: "
+                        f"{r['identical_to_before']}; floor {r['floor']['total_s']} s (prefill {r['floor']['prefill_s']} "
+                        f"+ decode {r['floor']['decode_s']}) = {ratio(r['floor']['total_s'], r['wall_s'])}x the wall time"))
+    rows += [
+        row("**generation_speedup** (same decoding)", out["generation_speedup"], "x", "after_same_decoding / before, tokens/s"),
+        row("**generation_identical_share**", out["generation_identical_share"], "share",
+            f"{len(out['differing_answers'])} answer(s) differ"),
+        row("one question alone (rag.ask): before / after", f"{out['single_question_ms']['before']} / "
+            f"{out['single_question_ms']['after']}", "ms", "median over questions; after = new runtime and decoding"),
+    ]
+    for name, q in out["quality"].items():
+        rows.append(row(f"{name}: answer-GT / grounding / hallucination", f"{q['answer_gt']} / {q['grounding']} / "
+                        f"{q['hallucination']}", "", f"{v[name]['tokens_per_answer']} tokens per answer"))
+    lim = out["limits"]
+    rows.append(row("machine: read bandwidth / GEMM fp32 1t, {t}t / bf16 1t, {t}t".format(t=out["threads"]),
+                    f"{lim['read_gb_s']} GB/s / " + ", ".join(str(lim[k]) for k in lim if k.startswith("gemm_float32"))
+                    + " / " + ", ".join(str(lim[k]) for k in lim if k.startswith("gemm_bfloat16")), "GFLOP/s", ""))
+    return rows

@@ -1,0 +1,188 @@
+"""Charts made of small panels, one per metric, with horizontal bars: every label stays
+horizontal and readable however many metrics and runs there are, and each metric gets its own
+axis (latency in ms beside 0–1 scores). Lower-is-better metrics carry their ↓ mark.
+
+- version_chart: a bar per variant/run (mean, 95% CI whisker, value, ▲/▼ vs the baseline);
+- corpus_chart: per question corpus, a bar per run;
+- run_chart: one run, overall and per corpus (for run trackers).
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from experiments import metric_info as MI
+from experiments.charts import FORMATS, HATCHES, _gray_shades, _n_questions, _new_figure, _yerr, metric_label, save
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def _panel_grid(fig: Figure, n: int, ncols: int) -> list[Any]:
+    nrows = math.ceil(n / ncols)
+    return [fig.add_subplot(nrows, ncols, i + 1) for i in range(n)]
+
+
+def _unit_range(values: np.ndarray) -> bool:
+    finite = values[np.isfinite(values)]
+    return bool(len(finite)) and float(finite.min()) >= -0.001 and float(finite.max()) <= 1.001
+
+
+def _hbars(ax: Any, pos: np.ndarray, means: np.ndarray, err: np.ndarray, height: float, shades: list[Any],
+           hatches: list[str], notes: list[str], digits: int) -> float:
+    """Horizontal bars with CI whiskers and the value (and note, e.g. ▲) after each whisker.
+    Returns the largest whisker end."""
+    ax.barh(pos, np.nan_to_num(means), height, xerr=err, capsize=2, color=shades, edgecolor="black",
+            linewidth=0.6, hatch=hatches, error_kw={"elinewidth": 0.8})
+    ends = means + err[1]
+    for y, v, e, note in zip(pos, means, ends, notes):
+        if np.isfinite(v):
+            ax.text(e, y, f" {v:.{digits}f}{(' ' + note) if note else ''}", va="center", ha="left", fontsize=7.5)
+    return float(np.nanmax(ends)) if np.isfinite(ends).any() else 0.0
+
+
+def version_chart(
+    df: pd.DataFrame,
+    metrics: list[str],
+    out_dir: Path,
+    k: Any = "k",
+    group_col: str = "label",
+    markers: dict[tuple[str, str], str] | None = None,
+    formats: Iterable[str] = FORMATS,
+    name: str = "version_comparison",
+    title: str | None = None,
+    baseline: str | None = None,
+) -> list[Path]:
+    """One small panel per metric, one horizontal bar per variant/run (mean with its 95% CI
+    whisker and value). Panels keep every label horizontal and readable however many metrics
+    and runs there are, and give each metric its own axis (latency in ms beside 0–1 scores).
+    `markers[(group, metric)]` (▲/▼ vs a baseline) is printed after the value."""
+    ok = df[df["status"] == "ok"]
+    groups = list(ok[group_col].astype(str))
+    metrics = [m for m in metrics if m in ok and ok[m].notna().any()]
+    if not groups or not metrics:
+        return []
+    n_g, n_m = len(groups), len(metrics)
+    ncols = min(n_m, 4 if n_m > 6 else 3)
+    nrows = math.ceil(n_m / ncols)
+    label_w = min(max(len(g) for g in groups), 34) * 0.062
+    fig = _new_figure(1.0 + label_w + 3.0 * ncols, 1.3 + nrows * (0.75 + 0.24 * n_g))
+    axes = _panel_grid(fig, n_m, ncols)
+    shades = _gray_shades(n_g)
+    hatches = [HATCHES[i % len(HATCHES)] for i in range(n_g)]
+    pos = np.arange(n_g)[::-1].astype(float)
+    for idx, (ax, m) in enumerate(zip(axes, metrics)):
+        means = ok[m].to_numpy(float)
+        err = _yerr(ok, m)
+        notes = [(markers or {}).get((g, m), "") for g in groups]
+        unit01 = _unit_range(np.concatenate([means, means + err[1]]))
+        top = _hbars(ax, pos, means, err, 0.72, shades, hatches, notes, 3 if unit01 else 1)
+        if unit01:
+            ax.set_xlim(0, 1.3)
+            ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", ".25", ".5", ".75", "1"])
+        else:
+            ax.set_xlim(0, max(top, 1e-9) * 1.45)
+        ax.set_yticks(pos, [textwrap.shorten(g, 34, placeholder="…") for g in groups] if idx % ncols == 0 else [])
+        ax.set_title("\n".join(textwrap.wrap(metric_label(m, k), 26)), fontsize=9.5)
+        ax.grid(axis="x", linewidth=0.4, alpha=0.6)
+        ax.set_axisbelow(True)
+        ax.tick_params(axis="x", labelsize=7.5)
+    nq = _n_questions(ok, metrics)
+    fig.suptitle(title or f"Variant comparison: mean of each metric with 95% bootstrap CI ({nq} questions)",
+                 fontsize=11)
+    notes = ["bar: mean over questions; whisker: 95% CI"]
+    if markers and any(markers.values()):
+        notes.append(f"▲/▼: higher/lower than {baseline or 'the baseline'}, significant after Holm correction")
+    if any(MI.lower_is_better(m) for m in metrics):
+        notes.append(MI.LOWER_NOTE)
+    fig.supxlabel("; ".join(notes), fontsize=8)
+    return save(fig, out_dir, name, formats)
+
+
+def corpus_chart(
+    tidy: pd.DataFrame,
+    metrics: list[str],
+    out_dir: Path,
+    k: Any = "k",
+    formats: Iterable[str] = FORMATS,
+    name: str = "corpus_breakdown",
+) -> list[Path]:
+    """Per question corpus: one panel per metric, one block of bars per corpus, one bar per run
+    (mean with 95% CI). `tidy` has columns run, corpus, metric, mean, ci_low, ci_high, n."""
+    if tidy.empty:
+        return []
+    runs = list(dict.fromkeys(tidy["run"].astype(str)))
+    corpora = list(dict.fromkeys(tidy["corpus"].astype(str)))
+    metrics = [m for m in metrics if m in set(tidy["metric"])]
+    if not metrics or len(corpora) < 1:
+        return []
+    n_r, n_c, n_m = len(runs), len(corpora), len(metrics)
+    ncols = min(n_m, 3)
+    nrows = math.ceil(n_m / ncols)
+    fig = _new_figure(2.4 + 3.1 * ncols, 1.2 + nrows * (0.6 + 0.2 * n_r * n_c + 0.15 * n_c))
+    axes = _panel_grid(fig, n_m, ncols)
+    shades = _gray_shades(n_r)
+    height = 0.8 / n_r
+    for idx, (ax, m) in enumerate(zip(axes, metrics)):
+        sub = tidy[tidy["metric"] == m].set_index(["run", "corpus"])
+        base = np.arange(n_c)[::-1].astype(float)
+        tops, unit01 = [], True
+        for i, r in enumerate(runs):
+            vals = np.array([sub["mean"].get((r, c), np.nan) for c in corpora], float)
+            lo = np.array([sub["ci_low"].get((r, c), np.nan) for c in corpora], float)
+            hi = np.array([sub["ci_high"].get((r, c), np.nan) for c in corpora], float)
+            unit01 &= _unit_range(np.concatenate([vals, hi]))
+            err = np.vstack([np.clip(np.nan_to_num(vals - lo), 0, None), np.clip(np.nan_to_num(hi - vals), 0, None)])
+            pos = base + 0.4 - height * (i + 0.5)
+            ax.barh(pos, np.nan_to_num(vals), height, xerr=err, capsize=1.5, color=shades[i], edgecolor="black",
+                    linewidth=0.5, hatch=HATCHES[i % len(HATCHES)], error_kw={"elinewidth": 0.7},
+                    label=r if idx == 0 else None)
+            tops.append(float(np.nanmax(vals + err[1])) if np.isfinite(vals).any() else 0.0)
+            for y, v, e in zip(pos, vals, vals + err[1]):
+                if np.isfinite(v):
+                    ax.text(e, y, f" {v:.2f}", va="center", ha="left", fontsize=6.5)
+        if unit01:
+            ax.set_xlim(0, 1.22)
+            ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", ".25", ".5", ".75", "1"])
+        else:
+            ax.set_xlim(0, max(tops + [1e-9]) * 1.3)
+        ax.set_yticks(base, corpora if idx % ncols == 0 else [])
+        ax.set_title("\n".join(textwrap.wrap(metric_label(m, k), 26)), fontsize=9.5)
+        ax.grid(axis="x", linewidth=0.4, alpha=0.6)
+        ax.set_axisbelow(True)
+        ax.tick_params(axis="x", labelsize=7.5)
+    fig.legend(title="run", loc="outside right upper", title_fontsize=8, fontsize=7.5)
+    fig.suptitle("Per question corpus: mean of each metric with 95% bootstrap CI", fontsize=11)
+    note = "bar: mean over the corpus's questions; whisker: 95% CI"
+    if any(MI.lower_is_better(m) for m in metrics):
+        note += f"; {MI.LOWER_NOTE}"
+    fig.supxlabel(note, fontsize=8)
+    return save(fig, out_dir, name, formats)
+
+
+def run_chart(metrics_doc: dict[str, Any], out_dir: Path, formats: Iterable[str] = ("png",)) -> list[Path]:
+    """One run: each metric overall and per question corpus, with 95% CIs (for run trackers)."""
+    overall = metrics_doc.get("metrics", {})
+    by_corpus = metrics_doc.get("by_corpus", {})
+    k = ((metrics_doc.get("config") or {}).get("eval") or {}).get("k", "k")
+    names = list(overall)
+    if not names:
+        return []
+    rows = [("all", overall)] + list(by_corpus.items())
+    frame = []
+    for label, per in rows:
+        row: dict[str, Any] = {"label": label, "status": "ok"}
+        for m in names:
+            agg = per.get(m)
+            row[m] = agg["mean"] if agg else np.nan
+            row[f"{m}_ci_low"], row[f"{m}_ci_high"] = agg["ci95"] if agg else (np.nan, np.nan)
+            row[f"{m}_n"] = agg["n"] if agg else 0
+        frame.append(row)
+    title = f"Run {metrics_doc.get('variant', '')}: metrics overall and per question corpus (95% CI)"
+    return version_chart(pd.DataFrame(frame), names, out_dir, k=k, formats=formats, name="run_metrics", title=title)

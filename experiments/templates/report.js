@@ -1,0 +1,236 @@
+// The per-question table and drill-down of report.html: plain DOM, no dependencies, no requests.
+(function () {
+  "use strict";
+  var D = JSON.parse(document.getElementById("report-data").textContent);
+  var S = D.strings, Q = D.questions, M = D.metrics, R = D.runs;
+  var BASE = R.indexOf(D.baseline);
+  var $ = function (id) { return document.getElementById(id); };
+  var ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+  function esc(s) { return String(s == null ? "" : s).replace(/[&<>"']/g, function (c) { return ESC[c]; }); }
+  function str(i) { return i == null || i < 0 ? "" : S[i]; }
+  function metricIndex(name) { for (var i = 0; i < M.length; i++) if (M[i].name === name) return i; return -1; }
+  function fmt(v, m) { return v == null ? "–" : v.toFixed(M[m].decimals); }
+  function val(q, r, m) { var x = q.r[r]; return x && m >= 0 ? x.m[m] : null; }
+
+  var state = { a: metricIndex(D.key[0]), b: D.key.length > 1 ? metricIndex(D.key[1]) : -1, sort: null, dir: 1,
+                order: Q.map(function (_, i) { return i; }), visible: [], open: -1 };
+
+  // +1 the run beats the baseline on metric m for question q, -1 it loses, 0 tie, null unknown.
+  function outcome(q, r, m) {
+    if (BASE < 0 || r === BASE) return null;
+    var v = val(q, r, m), b = val(q, BASE, m);
+    if (v == null || b == null) return null;
+    var d = M[m].higher_is_better ? v - b : b - v;
+    return d > 1e-12 ? 1 : d < -1e-12 ? -1 : 0;
+  }
+
+  function option(value, text) { var o = document.createElement("option"); o.value = value; o.textContent = text; return o; }
+
+  function initControls() {
+    var corpora = {};
+    Q.forEach(function (q) { corpora[q.c] = (corpora[q.c] || 0) + 1; });
+    Object.keys(corpora).sort().forEach(function (c) { $("f-corpus").appendChild(option(c, c + " (" + corpora[c] + ")")); });
+    M.forEach(function (m, i) {
+      $("f-metric-a").appendChild(option(i, m.short));
+      $("f-metric-b").appendChild(option(i, m.short));
+    });
+    $("f-metric-b").insertBefore(option(-1, "nothing else"), $("f-metric-b").firstChild);
+    $("f-metric-a").value = state.a; $("f-metric-b").value = state.b;
+    R.forEach(function (r, i) { if (i !== BASE) $("f-run").appendChild(option(i, r)); });
+    if (BASE < 0) { document.querySelector(".wl").style.display = "none"; }
+    ["f-corpus", "f-run", "f-outcome"].forEach(function (id) { $(id).addEventListener("change", applyFilters); });
+    $("f-text").addEventListener("input", applyFilters);
+    $("f-metric-a").addEventListener("change", function () { state.a = +this.value; renderTable(); });
+    $("f-metric-b").addEventListener("change", function () { state.b = +this.value; renderTable(); });
+  }
+
+  function columns() {
+    var cols = [{ key: "id", label: "id" }, { key: "c", label: "corpus" }, { key: "q", label: "question" }];
+    [state.a, state.b].forEach(function (m) {
+      if (m < 0) return;
+      R.forEach(function (r, i) { cols.push({ key: "m", run: i, metric: m, label: r + " · " + M[m].short }); });
+    });
+    return cols;
+  }
+
+  function renderTable() {
+    var cols = columns();
+    var head = "<tr>" + cols.map(function (c, j) {
+      var cls = state.sort === j ? (state.dir > 0 ? "sorted-asc" : "sorted-desc") : "";
+      return '<th data-col="' + j + '" class="' + cls + '" title="click to sort">' + esc(c.label) + "</th>";
+    }).join("") + "</tr>";
+    document.querySelector("#qtable thead").innerHTML = head;
+    var rows = new Array(Q.length);
+    for (var i = 0; i < Q.length; i++) {
+      var q = Q[i], cells = ["<td>" + esc(q.id) + "</td><td>" + esc(q.c) + '</td><td class="q">' + esc(q.q) + "</td>"];
+      for (var j = 3; j < cols.length; j++) {
+        var c = cols[j], o = outcome(q, c.run, c.metric);
+        cells.push('<td class="num' + (o === 1 ? " win" : o === -1 ? " lose" : "") + '">' + fmt(val(q, c.run, c.metric), c.metric) + "</td>");
+      }
+      rows[i] = '<tr data-i="' + i + '">' + cells.join("") + "</tr>";
+    }
+    var body = document.querySelector("#qtable tbody");
+    body.innerHTML = rows.join("");
+    state.rows = Array.prototype.slice.call(body.children);
+    if (state.sort !== null) sortBy(state.sort, true); else applyFilters();
+  }
+
+  function sortKey(c, q) {
+    if (c.key === "m") { var v = val(q, c.run, c.metric); return v == null ? -Infinity : v; }
+    return String(q[c.key] || "").toLowerCase();
+  }
+
+  function sortBy(j, keep) {
+    if (!keep) { state.dir = state.sort === j ? -state.dir : 1; state.sort = j; }
+    var c = columns()[j], dir = state.dir;
+    state.order = Q.map(function (_, i) { return i; }).sort(function (x, y) {
+      var a = sortKey(c, Q[x]), b = sortKey(c, Q[y]);
+      return (a < b ? -1 : a > b ? 1 : x - y) * dir;
+    });
+    var body = document.querySelector("#qtable tbody"), frag = document.createDocumentFragment();
+    state.order.forEach(function (i) { frag.appendChild(state.rows[i]); });
+    body.appendChild(frag);
+    document.querySelectorAll("#qtable thead th").forEach(function (th, k) {
+      th.className = k === j ? (dir > 0 ? "sorted-asc" : "sorted-desc") : "";
+    });
+    applyFilters();
+  }
+
+  function matches(q) {
+    var corpus = $("f-corpus").value, text = $("f-text").value.trim().toLowerCase();
+    if (corpus && q.c !== corpus) return false;
+    if (text && (q.id + "\n" + q.q + "\n" + q.g).toLowerCase().indexOf(text) < 0) return false;
+    var run = $("f-run").value, want = $("f-outcome").value;
+    if (run === "" && want === "") return true;
+    var runs = run === "" ? R.map(function (_, i) { return i; }).filter(function (i) { return i !== BASE; }) : [+run];
+    return runs.some(function (r) {
+      var o = outcome(q, r, state.a);
+      if (o === null) return false;
+      return want === "win" ? o === 1 : want === "lose" ? o === -1 : want === "tie" ? o === 0 : o !== 0;
+    });
+  }
+
+  function applyFilters() {
+    var shown = [];
+    state.order.forEach(function (i) {
+      var ok = matches(Q[i]);
+      state.rows[i].style.display = ok ? "" : "none";
+      if (ok) shown.push(i);
+    });
+    state.visible = shown;
+    $("count").textContent = "showing " + shown.length + " of " + Q.length + " questions";
+  }
+
+  function highlighted(text, hs, he) {
+    if (hs == null || hs < 0 || he <= hs) return esc(text);
+    return esc(text.slice(0, hs)) + "<mark>" + esc(text.slice(hs, he)) + "</mark>" + esc(text.slice(he));
+  }
+
+  function badge(text, yes) { return '<span class="badge ' + (yes === true ? "yes" : yes === false ? "no" : "") + '">' + esc(text) + "</span>"; }
+
+  function labelBadges(labels) {
+    if (!labels) return "";
+    return Object.keys(labels).map(function (k) {
+      var v = labels[k];
+      if (typeof v === "boolean") return badge(k + (v ? " ✓" : " ✗"), v);
+      return badge(k + ": " + v, typeof v === "number" ? v > 0 : null);
+    }).join(" ");
+  }
+
+  function contextHtml(e) {
+    // [rank, chunk id, doc id, score, sim, relevant by sim, text, span start, span end, labels]
+    var doc = str(e[2]);
+    var hdr = "<b>#" + e[0] + "</b><span>" + esc(D.docs[doc] || doc) + '</span><span title="chunk id">' + esc(str(e[1])) + "</span>" +
+      "<span>score " + (e[3] == null ? "–" : e[3].toFixed(4)) + "</span><span>sim " + (e[4] == null ? "–" : e[4].toFixed(3)) + "</span>" +
+      badge("relevant (sim ≥ " + D.tau_recall + ")" + (e[5] ? " ✓" : " ✗"), !!e[5]) + " " + labelBadges(D.labels[e[9]]);
+    return '<div class="ctx"><div class="hdr">' + hdr + '</div><div class="txt">' + highlighted(str(e[6]), e[7], e[8]) + "</div></div>";
+  }
+
+  function metricsTable(q) {
+    var head = "<tr><th>metric</th>" + R.map(function (r) { return "<th>" + esc(r) + (R.indexOf(r) === BASE ? " (baseline)" : "") + "</th>"; }).join("") + "</tr>";
+    var rows = M.map(function (m, k) {
+      var vals = R.map(function (_, r) { return val(q, r, k); }), known = vals.filter(function (v) { return v != null; });
+      var best = known.length ? (m.higher_is_better ? Math.max.apply(null, known) : Math.min.apply(null, known)) : null;
+      return "<tr><th>" + esc(m.short) + "</th>" + vals.map(function (v) {
+        var tie = known.every(function (x) { return x === best; });
+      return '<td class="' + (v != null && v === best && !tie ? "best" : "") + '">' + fmt(v, k) + "</td>";
+      }).join("") + "</tr>";
+    });
+    return '<table class="qmetrics">' + head + rows.join("") + "</table>";
+  }
+
+  function runHtml(q, r) {
+    var x = q.r[r];
+    var h = "<h4>" + esc(R[r]) + (r === BASE ? ' <span class="tag">baseline</span>' : "") + "</h4>";
+    if (!x) return '<div class="run">' + h + "<p>not in this run</p></div>";
+    var lat = Object.keys(x.lat || {}).map(function (k) { return k + " " + x.lat[k] + " ms"; }).join(", ");
+    if (lat) h += '<div class="note">latency: ' + esc(lat) + "</div>";
+    if (x.a >= 0) h += "<div><b>Answer</b></div><div class=\"answer\">" + esc(str(x.a)) + "</div>";
+    h += "<div><b>Ranked contexts</b> (" + x.r.length + ")</div>" + x.r.map(contextHtml).join("");
+    if (x.x && x.x.length) {
+      h += "<details><summary>Contexts given to the LLM (" + x.x.length + ")</summary>" + x.x.map(function (c, n) {
+        return '<div class="ctx"><div class="hdr"><b>[' + (n + 1) + "]</b><span>" + esc(c[0]) + '</span></div><div class="txt">' +
+          highlighted(str(c[1]), c[2], c[3]) + "</div></div>";
+      }).join("") + "</details>";
+    }
+    return '<div class="run">' + h + "</div>";
+  }
+
+  function openQuestion(i) {
+    var q = Q[i];
+    if (!q) return;
+    state.open = i;
+    $("d-title").textContent = q.id + " · " + q.c;
+    var src = q.sid ? "<p>Source: <b>" + esc(q.s) + "</b> <small>(" + esc(q.sid) + ")</small></p>" : "";
+    $("d-body").innerHTML = '<div class="qhead"><div class="qinfo"><p class="qtext">' + esc(q.q) +
+      '</p><div class="truth"><b>Ground truth.</b> ' + esc(q.g) + "</div>" + src + "</div>" + metricsTable(q) + "</div>" +
+      '<div class="runs" style="grid-template-columns: repeat(' + R.length + ', minmax(320px, 1fr))">' +
+      R.map(function (_, r) { return runHtml(q, r); }).join("") + "</div>";
+    $("detail").hidden = false;
+    $("d-body").scrollTop = 0;
+    if (location.hash !== "#q=" + encodeURIComponent(q.id)) history.replaceState(null, "", "#q=" + encodeURIComponent(q.id));
+  }
+
+  function closeQuestion() {
+    $("detail").hidden = true;
+    state.open = -1;
+    history.replaceState(null, "", "#questions");
+  }
+
+  function step(d) {
+    var pos = state.visible.indexOf(state.open);
+    var next = state.visible[pos + d];
+    if (next !== undefined) openQuestion(next);
+  }
+
+  function initEvents() {
+    document.querySelector("#qtable thead").addEventListener("click", function (ev) {
+      var th = ev.target.closest("th");
+      if (th) sortBy(+th.dataset.col);
+    });
+    document.querySelector("#qtable tbody").addEventListener("click", function (ev) {
+      var tr = ev.target.closest("tr");
+      if (tr) openQuestion(+tr.dataset.i);
+    });
+    $("d-close").addEventListener("click", closeQuestion);
+    $("d-prev").addEventListener("click", function () { step(-1); });
+    $("d-next").addEventListener("click", function () { step(1); });
+    document.addEventListener("keydown", function (ev) {
+      if ($("detail").hidden) return;
+      if (ev.key === "Escape") closeQuestion();
+      else if (ev.key === "ArrowRight") step(1);
+      else if (ev.key === "ArrowLeft") step(-1);
+    });
+    var m = /^#q=(.*)$/.exec(location.hash);
+    if (m) {
+      var id = decodeURIComponent(m[1]);
+      for (var i = 0; i < Q.length; i++) if (Q[i].id === id) { openQuestion(i); break; }
+    }
+  }
+
+  initControls();
+  renderTable();
+  initEvents();
+  window.reportReadyMs = performance.now();
+  document.documentElement.setAttribute("data-ready", "1");
+})();

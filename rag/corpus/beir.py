@@ -1,0 +1,143 @@
+"""BEIR-layout datasets (SciFact, NFCorpus, ...): a directory with
+
+    corpus.jsonl        {"_id", "title", "text", optional "metadata"} per line
+    queries.jsonl       {"_id", "text", optional "metadata"} per line
+    qrels/<split>.tsv   query-id <TAB> corpus-id <TAB> score, after a header line
+
+`BeirCorpus` reads the documents, `BeirQuestions` the queries of one split with their qrels as
+graded relevance labels. BEIR queries carry no answer text, so the similarity metrics (which
+compare chunks with a ground-truth answer) are not computed for them; the label metrics are.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rag.corpus.base import Corpus, as_path, file_fingerprint, iter_jsonl, read_text, string_field
+from rag.types import Document, QAItem, RagError, Relevance
+
+
+def _optional_text(obj: dict[str, Any], field: str, where: str) -> str:
+    value = obj.get(field)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise RagError(f"{where}: field '{field}' must be a string, got {type(value).__name__}")
+    return value
+
+
+class BeirCorpus(Corpus):
+    """Documents from `<path>/corpus.jsonl`: the text is the title, a blank line, then the text
+    (BEIR's dense baselines encode title and text together too). Documents whose title and text
+    are both empty are skipped and listed in `skipped`."""
+
+    def __init__(self, path: str | os.PathLike[str], source: str = "beir") -> None:
+        super().__init__()
+        self.path = as_path(path)
+        self.source = str(source)
+
+    @property
+    def file(self) -> Path:
+        return self.path / "corpus.jsonl"
+
+    def settings(self) -> dict[str, Any]:
+        return {"path": str(self.path), "source": self.source}
+
+    def inputs(self) -> Any:
+        return file_fingerprint(self.file)
+
+    def load(self) -> list[Document]:
+        self.skipped = []
+        docs: list[Document] = []
+        first_line: dict[str, int] = {}
+        for lineno, obj in iter_jsonl(self.file):
+            where = f"{self.file}:{lineno}"
+            doc_id = string_field(obj, "_id", where)
+            if doc_id in first_line:
+                raise RagError(f"{where}: duplicate document id {doc_id!r} (first on line {first_line[doc_id]})")
+            first_line[doc_id] = lineno
+            title = _optional_text(obj, "title", where).strip()
+            body = _optional_text(obj, "text", where).strip()
+            if not title and not body:
+                self.skipped.append(f"{where}: document {doc_id!r} has no title and no text")
+                continue
+            text = f"{title}\n\n{body}" if title and body else title or body
+            meta = obj.get("metadata")
+            meta = dict(meta) if isinstance(meta, dict) else {}
+            docs.append(Document(id=doc_id, text=text, source=self.source, meta={"title": title or None, **meta}))
+        if not docs:
+            raise RagError(f"{self.file}: no documents with text")
+        return docs
+
+
+def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    """query id -> {document id: grade}, in file order. The header line is optional."""
+    out: dict[str, dict[str, int]] = {}
+    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t") if "\t" in line else line.split()
+        if lineno == 1 and fields and fields[0].strip().lower() in ("query-id", "query_id", "qid"):
+            continue
+        if len(fields) != 3:
+            raise RagError(f"{path}:{lineno}: expected 3 fields (query-id, corpus-id, score), got {len(fields)}")
+        qid, doc_id, score = (f.strip() for f in fields)
+        try:
+            grade = int(score)
+        except ValueError:
+            raise RagError(f"{path}:{lineno}: score must be an integer, got {score!r}") from None
+        if grade < 0:
+            raise RagError(f"{path}:{lineno}: score must be 0 or more, got {grade}")
+        if not qid or not doc_id:
+            raise RagError(f"{path}:{lineno}: empty query-id or corpus-id")
+        out.setdefault(qid, {})[doc_id] = grade
+    if not out:
+        raise RagError(f"{path}: no relevance judgements")
+    return out
+
+
+class BeirQuestions:
+    """The queries of one split (`qrels/<split>.tsv`), in queries.jsonl order, each with its
+    judged documents as document-level labels (grade = the qrels score). Queries without a
+    positive judgement are left out, as BEIR's own evaluation does; judgements of grade 0 stay as
+    labels (judged non-relevant, as in trec_eval)."""
+
+    def __init__(self, path: str | os.PathLike[str], split: str = "test", corpus: str = "beir") -> None:
+        self.path = as_path(path)
+        self.split = str(split)
+        self.corpus = str(corpus)
+
+    @property
+    def files(self) -> tuple[Path, Path]:
+        return self.path / "queries.jsonl", self.path / "qrels" / f"{self.split}.tsv"
+
+    def fingerprint(self) -> dict[str, Any]:
+        queries, qrels = self.files
+        return {"class": type(self).__name__, "split": self.split, "corpus": self.corpus,
+                "inputs": [file_fingerprint(queries), file_fingerprint(qrels)]}
+
+    def load(self) -> list[QAItem]:
+        queries_file, qrels_file = self.files
+        qrels = read_qrels(qrels_file)
+        texts: dict[str, str] = {}
+        for lineno, obj in iter_jsonl(queries_file):
+            where = f"{queries_file}:{lineno}"
+            qid = string_field(obj, "_id", where)
+            if qid in texts:
+                raise RagError(f"{where}: duplicate query id {qid!r}")
+            texts[qid] = string_field(obj, "text", where)
+        unknown = [q for q in qrels if q not in texts]
+        if unknown:
+            raise RagError(f"{qrels_file}: query id {unknown[0]!r} is not in {queries_file.name}"
+                           + (f" ({len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+        items = []
+        for qid, text in texts.items():
+            judged = qrels.get(qid)
+            if not judged or max(judged.values()) <= 0:
+                continue
+            labels = tuple(Relevance(doc, grade) for doc, grade in judged.items())
+            items.append(QAItem(id=qid, question=text, answer=None, corpus=self.corpus, relevant=labels))
+        if not items:
+            raise RagError(f"{qrels_file}: no query has a positive judgement")
+        return items

