@@ -32,13 +32,14 @@ WIDTH = 100
 
 def question_values(rec: RunRecord, metric: str) -> dict[str, float | None]:
     """Question id -> the run's per-question value of `metric`. The derived latency is the sum of
-    the question's stage latencies but generation (metric_info.LATENCY)."""
+    the question's stage latencies but generation (metric_info.LATENCY), for the questions whose
+    retrieval was timed (a run times a sample of its questions; routing alone is not a latency)."""
     if metric != MI.LATENCY:
         return rec.question_values(metric)
     out: dict[str, float | None] = {}
     for r in rec.per_question():
         lat = r.get("latency_ms")
-        if "id" in r and isinstance(lat, Mapping) and lat:
+        if "id" in r and isinstance(lat, Mapping) and lat.get("retrieve") is not None:
             out[str(r["id"])] = float(sum(float(v) for k, v in lat.items()
                                           if v is not None and k not in MI.LATENCY_EXCLUDED_STAGES))
     return out

@@ -138,7 +138,8 @@ def test_filters_sorting_and_a_question_side_by_side(sweep, driver, tmp_path):
     k = len(per_question(sweep / "0")[0]["retrieved"])
     for r in runs:
         assert len(r.find_elements("css selector", ":scope > .ctx")) == k
-        assert "Answer" in r.text and "relevant (sim" in r.text and "source document" in r.text
+        # badges: relevance by similarity, and the label the scorer derived from the question's source
+        assert "Answer" in r.text and "relevant (sim" in r.text and "relevant_label" in r.text
     assert driver.find_elements("css selector", ".runs mark")  # the span matching the ground truth
     assert driver.current_url.endswith("#q=q1")
     driver.save_screenshot(str(tmp_path / "report_question.png"))

@@ -514,3 +514,18 @@ def test_bench_headline_gathers_the_issue_ratios(tmp_path):
                      "alpha_sweep_ratio": 1.1, "grid_sweep_ratio": 1.05}
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["grid_sweep_ratio"] == 1.05 and results["alpha_sweep"]["alpha_sweep_ratio"] == 1.1
+
+
+def test_derived_latency_counts_only_questions_whose_retrieval_was_timed(tmp_path):
+    """A run times a sample of its questions; a routed run also records every question's routing
+    time. Routing alone is not a retrieval latency, so those questions are not compared."""
+    from experiments.verdict import question_values
+
+    run = write_run(tmp_path / "v2", variant="v2", values={"mrr": [0.5, 0.5, 0.5]})
+    rows = [json.loads(line) for line in (run / "per_question.jsonl").read_text().splitlines()]
+    rows[0]["latency_ms"] = {"route": 1.0, "retrieve": 4.0, "rerank": 2.0, "generate": 900.0}
+    rows[1]["latency_ms"] = {"route": 1.5}
+    rows[2]["latency_ms"] = {}
+    (run / "per_question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (rec,) = load_records([run])
+    assert question_values(rec, "latency_ms") == {"q0": 7.0}
