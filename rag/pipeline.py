@@ -327,6 +327,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
             "answered_questions": 0 if answers is None else len(answered),
             "skipped_inputs": len(session.skipped),
         },
+        # which part of a split question set was scored (rag/qa.py QuestionSplit)
+        "qa_split": _container(cfg.qa.get("split")),
         "latency": latency_summary(lat_rows, lat_ms, generate_ms, route_ms),
         "latency_method": lat_method,
         **usage_section(gen_info, judge_stats),

@@ -2,18 +2,21 @@
 and graded relevance labels (documents, optionally with the answer's character span).
 
 Each set is built from keyword arguments (Hydra) and has `load() -> list[QAItem]` (deterministic
-order) and `fingerprint()`, like the corpora.
+order) and `fingerprint()`, like the corpora, and a `split` (QuestionSplit): the part of the set
+that `load()` returns.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rag.corpus.base import as_path, file_fingerprint, iter_jsonl, string_field
 from rag.corpus.beir import BeirQuestions
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
-from rag.corpus.pubmedqa import document_text, load_pubmedqa
+from rag.corpus.pubmedqa import document_text, load_pubmedqa, pmid_id
 from rag.documents import slice_questions
 from rag.types import QAItem, RagError, Relevance
 
@@ -21,6 +24,7 @@ __all__ = ["BeirQuestions", "JsonlQuestions", "MixedQuestions", "PubMedQAQuestio
 
 PUBMEDQA_LABELS = ("conclusion", "abstract")
 
+PARTS = ("all", "train", "test")
 SLICE_KEYS = ("questions_per_corpus", "seed")
 
 
@@ -44,7 +48,88 @@ def _slice_setting(exclude_slice: Mapping[str, Any] | None) -> dict[str, int] | 
     return out
 
 
-class PubMedQAQuestions:
+
+def split_hash(question_id: str, seed: int) -> float:
+    """The question's place in [0, 1) under `seed`. The same seeded SHA-256 as the slice's stable
+    order (rag.documents), so that the questions a slice keeps first are the ones with the
+    smallest values: a slice of the test part, with the same seed, is the slice of the whole set
+    whenever the test part holds at least as many questions as the slice keeps."""
+    return int(hashlib.sha256(f"{seed}:{question_id}".encode()).hexdigest(), 16) / float(1 << 256)
+
+
+@dataclass(frozen=True)
+class QuestionSplit:
+    """A deterministic train/test split of a question set by a seeded hash of each question id:
+    `fraction` of the questions (in expectation) form the test part, the rest the train part.
+    `part` is what `load()` returns: all (the default: the split changes nothing), train or test.
+    A question's part depends only on its id, the seed and the fraction, never on the other
+    questions, so adding questions to a set moves none of the old ones across the line."""
+
+    fraction: float = 0.2
+    seed: int = 0
+    part: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.part not in PARTS:
+            raise RagError(f"qa.split.part must be one of {list(PARTS)}, got {self.part!r}")
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not 0 < self.fraction < 1:
+            raise RagError(f"qa.split.fraction must be a number in (0, 1), got {self.fraction!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise RagError(f"qa.split.seed must be an integer, got {self.seed!r}")
+
+    @classmethod
+    def of(cls, split: "QuestionSplit | Mapping[str, Any] | None") -> "QuestionSplit":
+        if split is None or isinstance(split, QuestionSplit):
+            return split or cls()
+        if not isinstance(split, Mapping):
+            raise RagError(f"qa.split must be a mapping (fraction, seed, part), got {type(split).__name__}")
+        unknown = sorted(set(split) - {"fraction", "seed", "part"})
+        if unknown:
+            raise RagError(f"qa.split: unknown key(s) {unknown}; known: fraction, seed, part")
+        return cls(**dict(split))
+
+    def in_test(self, question_id: str) -> bool:
+        return split_hash(question_id, self.seed) < self.fraction
+
+    def part_of(self, question_id: str) -> str:
+        return "test" if self.in_test(question_id) else "train"
+
+    def apply(self, items: Sequence[QAItem]) -> list[QAItem]:
+        if self.part == "all":
+            return list(items)
+        return [q for q in items if self.part_of(q.id) == self.part]
+
+    def with_part(self, part: str) -> "QuestionSplit":
+        return QuestionSplit(self.fraction, self.seed, part)
+
+    @property
+    def id(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class QuestionSet:
+    """Base of the question sets: `load()` is the split's part of `items()`."""
+
+    def __init__(self, split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
+        self.split = QuestionSplit.of(split)
+
+    def items(self) -> list[QAItem]:
+        raise NotImplementedError
+
+    def inputs_fingerprint(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"class": type(self).__name__, **self.inputs_fingerprint(), "split": self.split.id}
+
+    def load(self) -> list[QAItem]:
+        items = self.split.apply(self.items())
+        if not items:
+            raise RagError(f"{type(self).__name__}: the {self.split.part} part of the question set is empty")
+        return items
+
+
+class PubMedQAQuestions(QuestionSet):
     """PubMedQA PQA-L: each abstract's QUESTION, answered by its LONG_ANSWER (the conclusion);
     the source is the abstract's document in PubMedQACorpus.
 
@@ -58,23 +143,25 @@ class PubMedQAQuestions:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], exclude_slice: Mapping[str, Any] | None = None, label: str = "conclusion"
+        self, path: str | os.PathLike[str], exclude_slice: Mapping[str, Any] | None = None, label: str = "conclusion",
+        split: QuestionSplit | Mapping[str, Any] | None = None,
     ) -> None:
+        super().__init__(split)
         if label not in PUBMEDQA_LABELS:
             raise RagError(f"qa.label must be one of {list(PUBMEDQA_LABELS)}, got {label!r}")
         self.path = as_path(path)
         self.exclude_slice = _slice_setting(exclude_slice)
         self.label = label
 
-    def fingerprint(self) -> dict[str, Any]:
-        fp: dict[str, Any] = {"class": type(self).__name__, "inputs": file_fingerprint(self.path)}
-        if self.exclude_slice is not None:  # absent otherwise, so existing fingerprints stay as they were
+    def inputs_fingerprint(self) -> dict[str, Any]:
+        fp: dict[str, Any] = {"inputs": file_fingerprint(self.path)}
+        if self.exclude_slice is not None:
             fp["exclude_slice"] = self.exclude_slice
         if self.label != "conclusion":
             fp["label"] = self.label
         return fp
 
-    def load(self) -> list[QAItem]:
+    def items(self) -> list[QAItem]:
         items = []
         for pmid, rec in load_pubmedqa(self.path).items():
             span = document_text(rec)[1] if self.label == "conclusion" else None
@@ -83,9 +170,9 @@ class PubMedQAQuestions:
                     id=f"pubmedqa:{pmid}",
                     question=rec["QUESTION"],
                     answer=rec["LONG_ANSWER"],
-                    source=f"pmid:{pmid}",
+                    source=pmid_id(pmid),
                     corpus="pubmed",
-                    relevant=(Relevance(f"pmid:{pmid}", 1, span),),
+                    relevant=(Relevance(pmid_id(pmid), 1, span),),
                 )
             )
         if self.exclude_slice is None:
@@ -127,18 +214,19 @@ def parse_relevant(value: Any, where: str) -> tuple[Relevance, ...]:
     return tuple(labels)
 
 
-class JsonlQuestions:
+class JsonlQuestions(QuestionSet):
     """One JSON object per line: id, question, answer, optional source (document id), corpus
     (source tag) and relevant (graded labels, see `parse_relevant`; without it, `source` is the
     one relevant document, grade 1). A question with labels may leave out the answer."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
+        super().__init__(split)
         self.path = as_path(path)
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {"class": type(self).__name__, "inputs": file_fingerprint(self.path)}
+    def inputs_fingerprint(self) -> dict[str, Any]:
+        return {"inputs": file_fingerprint(self.path)}
 
-    def load(self) -> list[QAItem]:
+    def items(self) -> list[QAItem]:
         items: list[QAItem] = []
         first_line: dict[str, int] = {}
         for lineno, obj in iter_jsonl(self.path):
@@ -164,14 +252,18 @@ class JsonlQuestions:
         return items
 
 
-class MixedQuestions:
-    def __init__(self, parts: Sequence[Any]) -> None:
+class MixedQuestions(QuestionSet):
+    """The questions of several sets, in order (ids must be unique across them). Each part
+    applies its own split first, then this set's split applies to the union."""
+
+    def __init__(self, parts: Sequence[Any], split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
+        super().__init__(split)
         self.parts = instantiate_parts(parts, "MixedQuestions")
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {"class": type(self).__name__, "parts": [part_fingerprint(p) for p in self.parts]}
+    def inputs_fingerprint(self) -> dict[str, Any]:
+        return {"parts": [part_fingerprint(p) for p in self.parts]}
 
-    def load(self) -> list[QAItem]:
+    def items(self) -> list[QAItem]:
         items: list[QAItem] = []
         owner: dict[str, int] = {}
         for i, part in enumerate(self.parts):

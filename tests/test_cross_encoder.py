@@ -1,5 +1,5 @@
-"""Cross-encoder reranker: ordering (with a fake model), the pair miner, and the cached trained
-model (a tiny real training run)."""
+"""Cross-encoder reranker: ordering and fusion (with a fake model), passage labels, and the cached
+trained model (a tiny real training run). The training data itself: tests/test_rerank_training.py."""
 from __future__ import annotations
 
 import json
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from rag.cache import ArtifactCache
-from rag.rerank import train as T
-from rag.rerank.cross_encoder import CrossEncoderReranker
+from rag.rerank.cross_encoder import CrossEncoderReranker, fuse_scores
+from rag.rerank.training import artifact as A
 from rag.types import Document, Hits, RagError, make_chunk
-from tests.conftest import TINY_QA
+from tests.test_rerank_training import QUESTIONS, mini_corpus
 
 # ---- 1. ordering ------------------------------------------------------------------------------
 
@@ -91,161 +91,60 @@ def test_constructor_and_path_errors(tmp_path: Path):
         CrossEncoderReranker(model="trained:", train={"corpus": []}).warm_up()
 
 
-# ---- 2. the pair miner ------------------------------------------------------------------------
-
-_WORDS = re.compile(r"[a-z]+")
+# ---- 2. fusion with the first stage and passage labels ----------------------------------------
 
 
-def _man(name: str, desc: str, body: str, sub: tuple[str, str] | None = None) -> Document:
-    indent = "\n".join("       " + line for line in body.splitlines())
-    text = f"NAME\n       {name} - {desc}\n\nLIBRARY\n       Standard C library (libc, -lc)\n\nDESCRIPTION\n{indent}\n"
-    if sub:
-        text += f"\n   {sub[0]}\n" + "\n".join("       " + line for line in sub[1].splitlines()) + "\n"
-    text += f"\nSEE ALSO\n       {name}(2)"
-    return Document(f"man:{name}.2", text, "libc", {"page": name, "section": "2", "title": f"{name} - {desc}"})
+def test_fusion_keeps_the_first_stage_order_in_play():
+    ce = np.array([0.0, 0.1, 5.0, 0.2], np.float32)  # candidates in first-stage order
+    assert np.argsort(-fuse_scores(ce, "none", 0.5), kind="stable")[0] == 2
+    # rrf over the two orders (CE: 2, 3, 1, 0; first stage: 0, 1, 2, 3), ranks from 1, k = 1
+    rrf = fuse_scores(ce, "rrf", 0.5, k=1)
+    expected = [0.5 / 2 + 0.5 / 5, 0.5 / 4 + 0.5 / 3, 0.5 / 2 + 0.5 / 4, 0.5 / 3 + 0.5 / 5]
+    assert rrf == pytest.approx(expected)
+    assert np.argsort(-rrf, kind="stable").tolist() == [2, 0, 1, 3]
+    assert fuse_scores(ce, "rrf", 0.3, k=1).argmax() == 0  # more weight on the first stage
+    assert fuse_scores(ce, "rrf", 1.0, k=60).argmax() == 2 and fuse_scores(ce, "rrf", 0.0, k=60).argmax() == 0
+    # linear: a standardized logit against -ln(rank); weight 0 is the first stage, 1 the CE
+    assert fuse_scores(ce, "linear", 0.0).argmax() == 0 and fuse_scores(ce, "linear", 1.0).argmax() == 2
+    tied = np.zeros(3, np.float32)
+    assert np.argsort(-fuse_scores(tied, "linear", 0.7), kind="stable").tolist() == [0, 1, 2]
+    assert len(fuse_scores(np.zeros(0, np.float32), "rrf", 0.5)) == 0
 
 
-def _torch(qualname: str, summary: str, body: str) -> Document:
-    return Document(f"torch:{qualname}", f"{qualname}(input)\n\n{summary} {body}", "pytorch", {"object": qualname})
+def test_fused_reranking_weighs_the_cross_encoder_against_the_first_stage():
+    chunks = _chunks(["a", "b", "c", "d"])
+    hits = Hits(np.array([[0, 1, 2, 3]]), np.array([[4, 3, 2, 1]], np.float32))
+    fake_scores = lambda pairs, **kw: np.array([0.0, 0.1, 0.2, 9.0], np.float32)  # noqa: E731 (CE: d, c, b, a)
+    r, fake = _reranker(top_n=4, fuse={"method": "rrf", "weight": 0.5, "k": 1})
+    fake.predict = fake_scores
+    # d: 0.5/2 + 0.5/5 = 0.35, a: 0.5/5 + 0.5/2 = 0.35 (tie: first-stage order), b and c: 0.5/4 + 0.5/3
+    assert r.rerank(["q"], hits, chunks, k=4).ids[0].tolist() == [0, 3, 1, 2]
+    r, fake = _reranker(top_n=4, fuse={"method": "rrf", "weight": 0.8, "k": 1})
+    fake.predict = fake_scores
+    assert r.rerank(["q"], hits, chunks, k=2).ids[0].tolist() == [3, 2]
+    with pytest.raises(RagError, match="fuse.method"):
+        CrossEncoderReranker(model="x/y", fuse={"method": "max"})
+    with pytest.raises(RagError, match="unknown key"):
+        CrossEncoderReranker(model="x/y", fuse={"methd": "rrf"})
 
 
-def _abstract(pmid: int, objective: str, methods: str, conclusion: str) -> Document:
-    text = f"Background sentence about the topic area. {objective}\n\n{methods}\n\n{conclusion}"
-    return Document(f"pmid:{pmid}", text, "pubmed", {"pmid": str(pmid)})
-
-
-def mini_corpus() -> list[Document]:
-    filler = "The call returns zero on success and minus one on error, setting errno to indicate the error. "
-    return [
-        _man("pipe", "create pipe", "pipe() creates a unidirectional data channel that can be used for interprocess "
-             "communication between related processes.\n" + filler,
-             ("Pipe capacity limits", "A pipe has a limited capacity in the kernel buffer and writes block when "
-              "the pipe is full, unless the descriptor is nonblocking. " + filler)),
-        _man("mmap", "map files or devices into memory", "mmap() creates a new mapping in the virtual address space "
-             "of the calling process, backed by a file or anonymous memory.\n" + filler),
-        _man("malloc", "allocate and free dynamic memory", "malloc() allocates size bytes and returns a pointer to "
-             "the allocated heap memory, which is not initialized.\n" + filler),
-        _man("fcntl", "manipulate file descriptor", "fcntl() performs one of the operations on the open file "
-             "descriptor, such as duplicating it or setting record locks.\n" + filler),
-        _man("socket", "create an endpoint for communication", "socket() creates an endpoint for network "
-             "communication and returns a file descriptor that refers to that endpoint.\n" + filler),
-        _torch("torch.nn.Module.register_forward_hook", "Register a forward hook on the module.",
-               "The hook will be called every time after forward has computed an output, and it may replace "
-               "the output by returning a new value. It returns a handle that removes the hook."),
-        _torch("torch.optim.AdamW", "Implements the AdamW optimization algorithm.",
-               "Weight decay is decoupled from the gradient update and applied directly to the parameters, "
-               "which differs from L2 regularization in adaptive optimizers such as Adam."),
-        _torch("torch.nn.functional.relu", "Applies the rectified linear unit function element-wise.",
-               "Negative inputs become zero while positive inputs pass through unchanged, giving a sparse "
-               "activation pattern that is cheap to compute on any device."),
-        _torch("torch.linalg.svd", "Computes the singular value decomposition of a matrix.",
-               "The decomposition factors the input into orthogonal matrices and a diagonal of singular values "
-               "sorted in descending order, for batches of matrices as well."),
-        _torch("torch.utils.data.DataLoader", "Combines a dataset and a sampler into an iterable.",
-               "It supports automatic batching, multi-process data loading with worker processes, memory "
-               "pinning and custom collate functions for map-style and iterable datasets."),
-        _abstract(1, "The aim of this study was to assess ciclesonide nasal spray in seasonal allergic rhinitis.",
-                  "Patients were randomized to ciclesonide or placebo for two weeks and rated nasal symptoms daily "
-                  "in diaries reviewed by physicians at every visit.",
-                  "Ciclesonide reduced physician-assessed nasal signs and symptoms more than placebo did, with a "
-                  "similar rate of adverse events in both groups of patients."),
-        _abstract(2, "We investigated mitochondrial dynamics during programmed cell death in lace plant leaves.",
-                  "Leaves at several developmental stages were imaged with live-cell microscopy and treated with "
-                  "cyclosporine A to inhibit the permeability transition pore.",
-                  "Mitochondrial changes preceded cell death and cyclosporine A reduced the number of perforations "
-                  "formed in the leaves, implicating the transition pore."),
-        _abstract(3, "The objective was to determine whether statin therapy improves cardiovascular outcomes.",
-                  "A cohort of adults with raised cholesterol was followed for five years and major cardiac events "
-                  "were adjudicated by a blinded committee of cardiologists.",
-                  "Patients receiving statins had fewer major cardiovascular events than those receiving placebo "
-                  "over five years of follow up, without excess harm."),
-        _abstract(4, "To evaluate closed reduction for nasal bone fractures and patient satisfaction.",
-                  "Adults with isolated nasal fractures underwent closed reduction within two weeks and completed "
-                  "a satisfaction questionnaire three months after treatment.",
-                  "Closed reduction was sufficient for mild nasal fractures and early intervention raised the rate "
-                  "of satisfied patients at follow up."),
-    ]
-
-
-def _words(text: str) -> set[str]:
-    return set(_WORDS.findall(text.lower()))
-
-
-def test_miner_pairs_positives_from_own_doc_negatives_from_others():
-    docs = mini_corpus()
-    mined = T.mine(docs, n_pairs=200, seed=0, hard_negatives=2, random_negatives=1, val_fraction=0.2, val_queries=10)
-    groups = mined.train + mined.val
-    assert {g.kind for g in groups} >= {"man_name", "docstring", "abstract"}
-    by_id = {d.id: d for d in docs}
-    norm = lambda s: " ".join(s.split())  # noqa: E731
-    for g in groups:
-        own = norm(by_id[g.doc_id].text)
-        # every query is document text (never a question), and the positive has it cut out
-        assert T.clean_markup(g.query) in norm(own) or g.query in own
-        assert norm(g.query).lower() not in norm(g.positive).lower()
-        assert len(g.positive) <= T.MAX_PASSAGE_CHARS
-        assert _words(g.positive) <= _words(by_id[g.doc_id].text)
-        assert 1 <= len(g.negatives) <= 3
-        for n in g.negatives:  # passages of other documents, never of the query's own
-            origin = {d.id for d in docs if _words(n) <= _words(d.text)}
-            assert origin and g.doc_id not in origin
-        assert g.pairs()[0] == (g.query, g.positive, 1.0)
-        assert all(lab == 0.0 for _, _, lab in g.pairs()[1:])
-    man = next(g for g in groups if g.doc_id == "man:fcntl.2" and g.kind == "man_name")
-    assert man.query == "manipulate file descriptor" and "performs one of the operations" in man.positive
-    doc = next(g for g in groups if g.doc_id == "torch:torch.optim.AdamW")
-    assert doc.query == "Implements the AdamW optimization algorithm." and "Weight decay is decoupled" in doc.positive
-    ab = next(g for g in groups if g.doc_id == "pmid:3")
-    assert ab.query.startswith("The objective was to determine")
-    # validation queries come from other documents than training queries
-    assert not {g.doc_id for g in mined.train} & {g.doc_id for g in mined.val}
-
-
-def test_miner_is_deterministic_and_never_uses_questions():
-    docs = mini_corpus()
-    a = T.mine(docs, n_pairs=120, seed=3)
-    b = T.mine(list(docs), n_pairs=120, seed=3)
-    assert a.train == b.train and a.val == b.val
-    assert a.train_pairs() == b.train_pairs()
-    queries = {T._norm(g.query) for g in a.train + a.val}
-    eval_questions = {T._norm(q[1]) for q in TINY_QA}
-    for f in (Path(__file__).resolve().parent.parent / "data" / "qa").glob("*.jsonl"):
-        eval_questions |= {T._norm(json.loads(line)["question"]) for line in f.read_text().splitlines() if line.strip()}
-    assert not queries & eval_questions
-
-
-def test_miner_excludes_docs_that_share_the_query():
-    base = "Pads the input tensor boundaries with zero."
-    body = "For N-dimensional padding use the functional pad. Args: padding (int, tuple): the size of the padding "
-    docs = [_torch(f"torch.nn.ZeroPad{i}d", base, body * 2 + f"in {i} dimensions only.") for i in (1, 2, 3)]
-    docs += mini_corpus()
-    mined = T.mine(docs, n_pairs=400, seed=0, val_fraction=0.01)
-    pads = [g for g in mined.train if g.query == base]
-    assert pads
-    for g in pads:  # the other ZeroPad docs answer the same query: never negatives
-        assert not any("dimensions only" in n for n in g.negatives)
-
-
-def test_split_passages_sizes():
-    text = "\n\n".join(("Sentence number %d is here. " % i) * 12 for i in range(6))
-    parts = T.split_passages(text, 450)
-    assert all(len(p) <= T.MAX_PASSAGE_CHARS for p in parts)
-    assert all(len(p) >= 150 for p in parts)
-
-
-def test_metrics():
-    g = T.Group("q", "d", "s", "k", "pos", ("n1", "n2", "n3"))
-    m = T.group_metrics([g, g], np.array([2.0, 1.0, 3.0, 0.0, 5.0, -1.0, -2.0, -3.0]))
-    assert m["mrr"] == pytest.approx((0.5 + 1.0) / 2)
-    assert m["auc"] == pytest.approx(11 / 12, abs=1e-4)  # positive 2 beats 5 of the 6 negatives, 5 beats all
-    assert m["pairwise_accuracy"] == pytest.approx((2 / 3 + 1) / 2, abs=1e-4)
-    assert T.roc_auc(np.array([1.0, 0.0]), np.array([1.0, 0.0])) == 1.0
+def test_labelled_passages_name_their_document():
+    doc = Document("man:pipe.2", "pipe() creates a pipe.", "libc")
+    chunk = make_chunk(doc, 0, len(doc.text), 0)
+    r, fake = _reranker(label_passages=True)
+    r.rerank(["q"], Hits(np.array([[0]]), np.array([[1.0]], np.float32)), [chunk], k=1)
+    assert fake.calls[0] == [("q", "man page pipe(2)\npipe() creates a pipe.")]
+    r, fake = _reranker()  # a hub model: no labels unless asked for
+    r.rerank(["q"], Hits(np.array([[0]]), np.array([[1.0]], np.float32)), [chunk], k=1)
+    assert fake.calls[0] == [("q", "pipe() creates a pipe.")]
 
 
 # ---- 3. the trained model artifact ------------------------------------------------------------
 
 TINY_TRAIN = {
-    "pairs": 40, "epochs": 1, "max_length": 32, "batch_size": 8, "val_fraction": 0.25, "val_queries": 4, "seed": 0,
+    "queries": {"labelled": 2, "templates": 8, "mined": 4, "generated": 0}, "epochs": 1, "max_length": 32,
+    "batch_size": 8, "val_fraction": 0.25, "val_queries": 4, "seed": 0, "chunk_size": 200, "chunk_overlap": 30,
+    "label_passages": True,
     "threads": 1,  # a tiny model: one thread is as fast, and never stalls on a busy machine
 }
 
@@ -256,28 +155,42 @@ def _write_corpus(path: Path) -> Path:
     return path
 
 
+def _write_questions(path: Path) -> Path:
+    rows = [{"id": q.id, "question": q.question, "answer": q.answer, "source": q.source, "corpus": q.corpus}
+            for q in QUESTIONS]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _labelled(path: Path, fraction: float = 0.1) -> dict:
+    return {"_target_": "rag.qa.JsonlQuestions", "path": str(path), "split": {"part": "train", "fraction": fraction}}
+
+
 def test_trained_model_is_cached_and_keyed_by_settings(tmp_path: Path, monkeypatch):
     from rag.corpus import JsonlCorpus
 
     corpus = {"_target_": "rag.corpus.JsonlCorpus", "path": str(_write_corpus(tmp_path / "corpus.jsonl"))}
+    labelled = _labelled(_write_questions(tmp_path / "q.jsonl"))
     cache_dir = tmp_path / "cache"
-    r1 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "corpus": corpus}, cache_dir=cache_dir,
-                              max_length=64)
+    r1 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "corpus": corpus, "labelled": labelled},
+                              cache_dir=cache_dir, max_length=64)
     r1.warm_up()
     art = r1.artifact
     assert not art.hit and art.path.parent == cache_dir / "cross_encoder"
-    assert (art.path / "model.safetensors").is_file() and (art.path / T.METRICS_FILE).is_file()
-    metrics = json.loads((art.path / T.METRICS_FILE).read_text())
-    assert metrics["mining"]["train_pairs"] >= 36 and metrics["training"]["steps"] >= 5
+    assert (art.path / "model.safetensors").is_file() and (art.path / A.METRICS_FILE).is_file()
+    metrics = json.loads((art.path / A.METRICS_FILE).read_text())
+    assert metrics["data"]["train_queries"] >= 8 and metrics["training"]["steps"] >= 2
+    assert metrics["labelled_split"] == {"fraction": 0.1, "seed": 0, "part": "train"}
     assert set(art.manifest["heldout_after"]) >= {"mrr", "auc", "accuracy"}
+    assert r1.label_passages is True  # read from the model's reranker.json
 
     # a second reranker with the same settings (here: the corpus as an object) loads it untrained
     def boom(*a, **k):
         raise AssertionError("trained again")
 
-    monkeypatch.setattr(T, "train_cross_encoder", boom)
-    r2 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "corpus": JsonlCorpus(corpus["path"])},
-                              cache_dir=cache_dir, max_length=64)
+    monkeypatch.setattr(A, "train_cross_encoder", boom)
+    r2 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "corpus": JsonlCorpus(corpus["path"]),
+                                                       "labelled": labelled}, cache_dir=cache_dir, max_length=64)
     r2.warm_up()
     assert r2.artifact.hit and r2.artifact.key == art.key
 
@@ -288,35 +201,43 @@ def test_trained_model_is_cached_and_keyed_by_settings(tmp_path: Path, monkeypat
     out = r2.rerank(["create pipe"], hits, chunks, k=3)
     assert sorted(out.ids[0].tolist()) == [0, 5, 10] and np.isfinite(out.scores[0]).all()
 
-    # any training setting, the seed or the documents change the key
-    docs_key, _ = T.artifact_key(TINY_TRAIN, docs)
-    assert T.artifact_key({**TINY_TRAIN}, docs)[0] == docs_key
-    assert T.artifact_key({**TINY_TRAIN, "lr": 1e-4}, docs)[0] != docs_key
-    assert T.artifact_key({**TINY_TRAIN, "seed": 1}, docs)[0] != docs_key
-    assert T.artifact_key({**TINY_TRAIN, "threads": 2}, docs)[0] == docs_key  # speed only
-    assert T.artifact_key(TINY_TRAIN, docs[:-1])[0] != docs_key
-    r3 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "epochs": 2, "corpus": corpus},
-                              cache_dir=cache_dir)
+    # any training setting, the seed, the documents, the labelled questions or their split change the key
+    cache = ArtifactCache(cache_dir)
+    base = {**TINY_TRAIN, "corpus": docs, "labelled": labelled}
+    key = A.artifact_key(base, cache)
+    assert A.artifact_key({**base}, cache) == key
+    assert A.artifact_key({**base, "lr": 1e-4}, cache) != key
+    assert A.artifact_key({**base, "seed": 1}, cache) != key
+    assert A.artifact_key({**base, "threads": 2, "device": "cuda"}, cache) == key  # speed only
+    assert A.artifact_key({**base, "corpus": docs[:-1]}, cache) != key
+    assert A.artifact_key({**base, "labelled": _labelled(tmp_path / "q.jsonl", 0.5)}, cache) != key
+    r3 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "epochs": 2, "corpus": corpus,
+                                                       "labelled": labelled}, cache_dir=cache_dir)
     with pytest.raises(AssertionError, match="trained again"):
         r3.warm_up()
 
 
-def test_trained_model_cache_is_used_across_processes_by_key(tmp_path: Path):
+def test_training_documents_may_be_given_in_any_form(tmp_path: Path):
     """The artifact key does not depend on how the corpus is given."""
     docs = mini_corpus()
     path = _write_corpus(tmp_path / "c.jsonl")
     cache = ArtifactCache(tmp_path / "cache")
     from rag.corpus import JsonlCorpus
 
-    loaded = T.training_docs(JsonlCorpus(path), cache)
+    loaded = A.training_docs(JsonlCorpus(path), cache)
     assert [d.id for d in loaded] == [d.id for d in docs]
-    assert T.artifact_key(TINY_TRAIN, loaded)[0] == T.artifact_key(TINY_TRAIN, docs)[0]
+    assert A.artifact_key({**TINY_TRAIN, "queries": {"templates": 8}, "corpus": loaded}, cache) == \
+        A.artifact_key({**TINY_TRAIN, "queries": {"templates": 8}, "corpus": {"_target_": "rag.corpus.JsonlCorpus",
+                                                                             "path": str(path)}}, cache)
     with pytest.raises(RagError, match="corpus"):
-        T.training_docs(None, cache)
+        A.training_docs(None, cache)
+    with pytest.raises(RagError, match="labelled"):
+        A.artifact_key({**TINY_TRAIN, "corpus": loaded}, cache)  # labelled queries but no question set
 
 
 def test_default_config_builds_the_reranker(tmp_path: Path):
-    """conf/reranker/cross_encoder.yaml composes and instantiates (train.corpus as an object)."""
+    """conf/reranker/cross_encoder.yaml composes and instantiates (train.corpus as an object, the
+    labelled questions as the train part of PubMedQA)."""
     from hydra import compose, initialize_config_dir
 
     from rag.config import PROJECT_ROOT
@@ -325,26 +246,6 @@ def test_default_config_builds_the_reranker(tmp_path: Path):
     with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["reranker=cross_encoder", f"paths.cache={tmp_path}"])
     r = build(cfg.reranker)
-    assert isinstance(r, CrossEncoderReranker) and r.model_name == "trained:" and r.top_n == 20
+    assert isinstance(r, CrossEncoderReranker) and r.model_name == "trained:"
     assert hasattr(r.train["corpus"], "parts")
-
-
-@pytest.mark.slow
-def test_real_corpus_mining_uses_no_evaluation_question(tmp_path: Path, compose_cfg):
-    """On the real mixed corpus (cached under paths.cache): no mined query is, or contains, a
-    question of the evaluation sets (PubMedQA questions, the dev sets in data/qa)."""
-    from hydra.utils import instantiate
-
-    cfg = compose_cfg(["reranker=cross_encoder"])
-    try:
-        train = instantiate(cfg.reranker.train, _convert_="all")
-        docs = T.training_docs(train["corpus"], ArtifactCache(cfg.paths.cache))
-        questions = instantiate(cfg.qa).load()
-    except RagError as e:
-        pytest.skip(f"real corpora not available: {e}")
-    mined = T.mine_with(docs, train)
-    asked = {T._norm(q.question) for q in questions}
-    for g in mined.train + mined.val:
-        q = T._norm(g.query)
-        assert q not in asked
-        assert not any(a in q for a in asked if len(a) > 20)
+    assert r.train["labelled"].split.part == "train"

@@ -33,6 +33,27 @@ PAGE_RE = re.compile(r"^(?P<name>.+)\.(?P<section>[1-9][^.]*?)(?P<gz>\.gz)?$")
 # how far down the NAME heading may be: after the header line and, on a few pages, a stray line
 HEADER_MAX_LINES = 6
 
+# Document ids: "man:{page}.{section}", e.g. "man:fcntl.2".
+ID_PREFIX = "man:"
+# Sections that say what a page is called and where it lives rather than what it does.
+FRONT_MATTER_SECTIONS = frozenset({"NAME", "LIBRARY", "SYNOPSIS", "COLOPHON", "SEE ALSO"})
+
+
+def page_id(name: str, section: str) -> str:
+    return f"{ID_PREFIX}{name}.{section}"
+
+
+def is_page_id(doc_id: str) -> bool:
+    return doc_id.startswith(ID_PREFIX)
+
+
+def page_of(doc_id: str) -> tuple[str, str] | None:
+    """(name, section) of a page id: "man:printf.h.3head" -> ("printf.h", "3head")."""
+    if not is_page_id(doc_id):
+        return None
+    name, _, section = doc_id[len(ID_PREFIX):].rpartition(".")
+    return (name, section) if name else None
+
 
 def parse_page_name(filename: str) -> tuple[str, str] | None:
     m = PAGE_RE.match(filename)
@@ -80,6 +101,36 @@ def normalize_rendered(text: str) -> str:
             lines.pop()
     text = "\n".join(lines).strip("\n")
     return re.sub(r"\n{4,}", "\n\n\n", text)
+
+
+def sections(text: str) -> list[tuple[str, str]]:
+    """(heading, body) of a rendered page: headings start in column 0, their text is indented."""
+    out: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            out.append((line.strip(), []))
+        elif out:
+            out[-1][1].append(line)
+    return [(h, "\n".join(body).strip("\n")) for h, body in out]
+
+
+def subsections(body: str) -> list[tuple[str, str]]:
+    """(heading, text) of the subsections of a section body: man renders .SS headings indented
+    3 spaces and their text 7."""
+    out: list[tuple[str, list[str]]] = []
+    for line in body.splitlines():
+        m = re.match(r"^ {3}(\S.*)$", line)
+        if m:
+            out.append((m.group(1).strip(), []))
+        elif out:
+            out[-1][1].append(line)
+    return [(h, "\n".join(b).strip("\n")) for h, b in out]
+
+
+def body_text(text: str) -> str:
+    """The page without its front matter (NAME, SYNOPSIS, SEE ALSO...): what it says, not what it
+    is called."""
+    return "\n\n".join(body for head, body in sections(text) if head not in FRONT_MATTER_SECTIONS)
 
 
 def name_line(text: str) -> str | None:
@@ -244,7 +295,7 @@ class LibcManCorpus(Corpus):
             err = " ".join(man.stderr.decode("utf-8", errors="replace").split())[:200]
             return _Result(path, status="failed", reason=f"rendered empty (man exit {man.returncode}) {err}".strip())
         doc = Document(
-            id=f"man:{name}.{section}",
+            id=page_id(name, section),
             text=text,
             source="libc",
             meta={"page": name, "section": section, "title": name_line(text)},

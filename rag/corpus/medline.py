@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, normalize_space
+from rag.corpus.pubmedqa import pmid_id
 from rag.types import Document, RagError
 
 
@@ -56,7 +57,7 @@ def parse_article(elem: ET.Element) -> tuple[str, Document | None]:
         return pmid, None
     meshes = [_text(d) for d in citation.findall("MeshHeadingList/MeshHeading/DescriptorName")]
     doc = Document(
-        id=f"pmid:{pmid}",
+        id=pmid_id(pmid),
         text="\n\n".join([title, *sections] if title else sections),
         source="pubmed",
         meta={
@@ -124,7 +125,7 @@ class MedlineCorpus(Corpus):
                         n_articles += 1
                         pmid, doc = parse_article(elem)
                         if doc is None:
-                            self.skipped.append(f"pmid:{pmid}")
+                            self.skipped.append(pmid_id(pmid))
                         else:
                             docs.append(doc)
                     if elem.tag in ("PubmedArticle", "PubmedBookArticle", "DeleteCitation"):

@@ -11,6 +11,13 @@ from typing import Any
 from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, load_json
 from rag.types import Document, RagError
 
+# Document ids: "pmid:{PMID}" (MEDLINE records use the same scheme, so the two corpora agree).
+ID_PREFIX = "pmid:"
+
+
+def pmid_id(pmid: str | int) -> str:
+    return f"{ID_PREFIX}{pmid}"
+
 
 def load_pubmedqa(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """The PMID -> record mapping, with the fields both the corpus and the question set rely on
@@ -60,7 +67,7 @@ class PubMedQACorpus(Corpus):
             text, _ = document_text(rec)
             docs.append(
                 Document(
-                    id=f"pmid:{pmid}",
+                    id=pmid_id(pmid),
                     text=text,
                     source="pubmed",
                     meta={

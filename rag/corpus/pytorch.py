@@ -57,6 +57,55 @@ DEFAULT_MODULES = (
 
 DOC_SUFFIXES = (".rst", ".md")
 
+# Document ids: "torch:{qualified name}" for a docstring, "torchdoc:{relative path}" for a page
+# of the reST/Markdown docs.
+DOCSTRING_PREFIX = "torch:"
+DOC_PAGE_PREFIX = "torchdoc:"
+
+
+def docstring_id(qualname: str) -> str:
+    return f"{DOCSTRING_PREFIX}{qualname}"
+
+
+def doc_page_id(relative_path: str) -> str:
+    return f"{DOC_PAGE_PREFIX}{relative_path}"
+
+
+def is_docstring_id(doc_id: str) -> bool:
+    return doc_id.startswith(DOCSTRING_PREFIX)
+
+
+def is_doc_page_id(doc_id: str) -> bool:
+    return doc_id.startswith(DOC_PAGE_PREFIX)
+
+
+def docstring_parts(text: str) -> tuple[str, str, list[str]]:
+    """(header line, docstring, its paragraphs) of a docstring document's text: the header is the
+    qualified name with its signature ("torch.clone(input, *, memory_format=...) -> Tensor")."""
+    header, _, doc = text.partition("\n\n")
+    return header, doc, [p for p in re.split(r"\n\s*\n", doc) if p.strip()]
+
+
+_RST_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+])\1{2,}\s*$")
+
+
+def page_sections(text: str) -> list[tuple[str, str]]:
+    """(heading, text until the next heading) of a reST or Markdown page: reST headings are
+    underlined (and maybe overlined), Markdown ones start with up to four #."""
+    lines = text.splitlines()
+    heads: list[tuple[int, str, int]] = []  # (line of the heading, heading, first body line)
+    for i, line in enumerate(lines):
+        underlined = i + 1 < len(lines) and bool(_RST_UNDERLINE.match(lines[i + 1]))
+        if underlined and line.strip() and not _RST_UNDERLINE.match(line):
+            heads.append((i, line.strip(), i + 2))
+        elif re.match(r"^#{1,4} \S", line):
+            heads.append((i, line.lstrip("#").strip(), i + 1))
+    out = []
+    for j, (_, head, start) in enumerate(heads):
+        end = heads[j + 1][0] if j + 1 < len(heads) else len(lines)
+        out.append((head, "\n".join(lines[start:end]).strip("\n")))
+    return out
+
 # Sphinx scaffolding that carries no prose: toctrees, module markers, autosummary blocks and
 # their options, link targets, comments. Directives that name an API object (autofunction,
 # autoclass...) are kept, since the name is what a reader searches for.
@@ -217,7 +266,7 @@ class PyTorchCorpus(Corpus):
                 sig = _signature(obj) if kind != "property" else ""
                 docs.append(
                     Document(
-                        id=f"torch:{qualname}",
+                        id=docstring_id(qualname),
                         text=f"{qualname}{sig}\n\n{doc}",
                         source="pytorch",
                         meta={"object": qualname, "kind": kind},
@@ -332,5 +381,5 @@ class PyTorchCorpus(Corpus):
                 log.warning("PyTorchCorpus: skipping %s: no text", path)
                 self.skipped.append(str(path))
                 continue
-            docs.append(Document(id=f"torchdoc:{rel}", text=text, source="pytorch", meta={"path": rel}))
+            docs.append(Document(id=doc_page_id(rel), text=text, source="pytorch", meta={"path": rel}))
         return docs

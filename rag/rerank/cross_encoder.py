@@ -1,12 +1,14 @@
 """Cross-encoder reranking: score (query, chunk text) jointly and keep the best k.
 
 `model` is a Hugging Face id, a local path, `package:<module>` (weights inside a pip package,
-see rag/embedding.py), or `trained:`: the packaged MiniLM fine-tuned locally on pairs mined from
-`train["corpus"]` with the `train` settings (rag/rerank/train.py), built once and cached as the
-artifact `<cache_dir>/cross_encoder/<key>`.
+see rag/embedding.py), or `trained:`: the packaged MiniLM fine-tuned locally with the `train`
+settings (rag/rerank/training/), built once and cached as the artifact
+`<cache_dir>/cross_encoder/<key>`.
 
-`train["corpus"]` may be a corpus object (what Hydra makes of conf/reranker/cross_encoder.yaml),
-a mapping with a `_target_` (instantiated here), or a list of Documents.
+Only the first `top_n` candidates of the first stage are scored. `fuse` combines the
+cross-encoder's order with the first stage's order (see `fuse_scores`); `label_passages` puts each
+chunk's document label before its text, as the trained model saw its passages (null: as the model
+was trained, read from its reranker.json; other models: no labels).
 """
 from __future__ import annotations
 
@@ -26,6 +28,29 @@ from rag.types import Chunk, Hits, RagError
 log = logging.getLogger(__name__)
 
 TRAINED = "trained:"
+FUSE_METHODS = ("none", "rrf", "linear")
+
+
+def fuse_scores(ce: np.ndarray, method: str, weight: float, k: int = 60) -> np.ndarray:
+    """Scores of the head candidates (given in first-stage order) to sort by.
+
+    none:   the cross-encoder's logits.
+    rrf:    weight / (k + cross-encoder rank) + (1 - weight) / (k + first-stage rank), ranks from 1:
+            reciprocal rank fusion of the two orders.
+    linear: weight * z + (1 - weight) * prior, with z the logits standardized within the question
+            and prior = -ln(first-stage rank): a candidate the first stage ranked high needs a
+            clearly better logit to be overtaken.
+    """
+    n = len(ce)
+    if method == "none" or n == 0:
+        return ce
+    first = np.arange(1, n + 1, dtype=np.float64)
+    if method == "rrf":
+        ce_rank = np.empty(n)
+        ce_rank[np.argsort(-ce, kind="stable")] = first
+        return (weight / (k + ce_rank) + (1 - weight) / (k + first)).astype(np.float32)
+    z = (ce - ce.mean()) / (ce.std() + 1e-6)
+    return (weight * z - (1 - weight) * np.log(first)).astype(np.float32)
 
 
 def _looks_local(path: str) -> bool:
@@ -57,12 +82,32 @@ class CrossEncoderReranker(Reranker):
         device: str = "cpu",
         train: dict[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        fuse: dict[str, Any] | None = None,
+        label_passages: bool | None = None,
+        precision: str = "fp32",
     ):
         if not isinstance(model, str) or not model.strip():
             raise RagError(f"reranker.model must be a model id, path, package:<module> or {TRAINED!r}, got {model!r}")
         for name, value in (("top_n", top_n), ("batch_size", batch_size), ("max_length", max_length)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise RagError(f"reranker.{name} must be a positive integer, got {value!r}")
+        fuse = dict(fuse or {})
+        unknown = sorted(set(fuse) - {"method", "weight", "k"})
+        if unknown:
+            raise RagError(f"reranker.fuse: unknown key(s) {unknown}; known: method, weight, k")
+        self.fuse_method = str(fuse.get("method", "none"))
+        if self.fuse_method not in FUSE_METHODS:
+            raise RagError(f"reranker.fuse.method must be one of {list(FUSE_METHODS)}, got {self.fuse_method!r}")
+        try:
+            self.fuse_weight, self.fuse_k = float(fuse.get("weight", 0.5)), int(fuse.get("k", 60))
+        except (TypeError, ValueError):
+            raise RagError(f"reranker.fuse: weight must be a number and k an integer, got {fuse}") from None
+        if not 0 <= self.fuse_weight <= 1 or self.fuse_k < 0:
+            raise RagError(f"reranker.fuse: weight must be in [0, 1] and k >= 0, got {fuse}")
+        if precision not in ("fp32", "bf16"):
+            raise RagError(f"reranker.precision must be fp32 or bf16, got {precision!r}")
+        self.precision = precision
+        self.label_passages = label_passages
         self.model_name = model.strip()
         self.top_n = int(top_n)
         self.batch_size = int(batch_size)
@@ -74,7 +119,7 @@ class CrossEncoderReranker(Reranker):
         self._model: Any = None
         self.artifact: Any = None  # the cross_encoder artifact, for `trained:`
         if self.model_name == TRAINED:
-            from rag.rerank.train import train_settings
+            from rag.rerank.training.settings import train_settings
 
             train_settings(self.train)  # a bad setting fails when the config is built, not later
 
@@ -89,7 +134,7 @@ class CrossEncoderReranker(Reranker):
         if self.model_name == TRAINED:
             if self._cache is None:
                 raise RagError("reranker.cache_dir is not set: the 'trained:' cross-encoder is cached as an artifact")
-            from rag.rerank.train import build_trained_model
+            from rag.rerank.training.artifact import build_trained_model
 
             self.artifact = build_trained_model(self.train, self._cache)
             log.info("cross-encoder %s: %s", "cached" if self.artifact.hit else "trained", self.artifact.path)
@@ -105,8 +150,21 @@ class CrossEncoderReranker(Reranker):
     @property
     def model(self) -> Any:
         if self._model is None:
-            self._model = load_cross_encoder(self.model_path(), self.max_length, self.device)
+            path = self.model_path()
+            if self.label_passages is None:
+                from rag.rerank.training.artifact import reranker_info
+
+                local = Path(path)
+                self.label_passages = bool(local.is_dir() and reranker_info(local).get("label_passages", False))
+            self._model = load_cross_encoder(path, self.max_length, self.device)
         return self._model
+
+    def passage(self, chunk: Chunk) -> str:
+        if self.label_passages:
+            from rag.rerank.training.passages import with_label
+
+            return with_label(chunk.doc_id, chunk.text)
+        return chunk.text
 
     def warm_up(self) -> None:
         self.model  # noqa: B018 (loads, and trains `trained:` if needed)
@@ -119,13 +177,17 @@ class CrossEncoderReranker(Reranker):
             return np.zeros(0, np.float32)
         import torch
 
-        scores = self.model.predict(
-            pairs,
-            batch_size=self.batch_size,
-            show_progress_bar=False,
-            activation_fn=torch.nn.Identity(),
-            convert_to_numpy=True,
-        )
+        from rag.rerank.training.fit import bf16_ok
+
+        bf16 = self.precision == "bf16" and bf16_ok(self.device)
+        with torch.autocast("cuda" if self.device.startswith("cuda") else "cpu", dtype=torch.bfloat16, enabled=bf16):
+            scores = self.model.predict(
+                pairs,
+                batch_size=self.batch_size,
+                show_progress_bar=False,
+                activation_fn=torch.nn.Identity(),
+                convert_to_numpy=True,
+            )
         scores = np.asarray(scores, np.float32)
         if scores.ndim > 1:  # a multi-label model: its last logit is taken as "relevant"
             scores = scores[:, -1]
@@ -142,16 +204,17 @@ class CrossEncoderReranker(Reranker):
         heads: list[list[int]] = []
         tails: list[list[int]] = []
         pairs: list[tuple[str, str]] = []
+        self.model  # noqa: B018 (settles label_passages before the passages are made)
         for q in range(hits.n_queries):
             valid = [int(i) for i in hits.ids[q] if i >= 0]
             heads.append(valid[: self.top_n])
             tails.append(valid[self.top_n :])
-            pairs.extend((queries[q], chunks[i].text) for i in heads[-1])
+            pairs.extend((queries[q], self.passage(chunks[i])) for i in heads[-1])
         scores = self.score(pairs)
         rows: list[list[tuple[int, float]]] = []
         at = 0
         for head, tail in zip(heads, tails):
-            s = scores[at : at + len(head)]
+            s = fuse_scores(scores[at : at + len(head)], self.fuse_method, self.fuse_weight, self.fuse_k)
             at += len(head)
             order = np.argsort(-s, kind="stable")  # stable: ties keep the retrieval order
             row = [(head[j], float(s[j])) for j in order[:k]]

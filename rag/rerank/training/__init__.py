@@ -1,0 +1,1 @@
+"""Training the cross-encoder reranker (see docs/cross_encoder.md)."""

@@ -1,0 +1,5 @@
+import sys
+
+from rag.rerank.training.cli import main
+
+sys.exit(main())
