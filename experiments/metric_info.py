@@ -83,24 +83,41 @@ METRICS: dict[str, MetricInfo] = {
         threshold="τ_h = {tau_h} (eval.tau_h)",
         high="many answers match neither the truth nor their context",
         low="few answers are unsupported"),
+    # The label metrics (eval/labels.py) rank relevance units: the labelled documents or answer
+    # spans that the top-{k} chunks find, each counted once, so their ideal does not depend on the
+    # chunker. trec_eval computes them (ndcg_cut, recall, map_cut).
     "ndcg_at_k": MetricInfo(
         "nDCG@{k}", "0–1",
-        formula="DCG of the top {k} by graded relevance labels / DCG of the ideal ranking",
-        threshold="relevance labels (graded)",
-        high="labelled-relevant chunks are retrieved and ranked first",
-        low="labelled-relevant chunks are missing or ranked low"),
-    "map": MetricInfo(
-        "MAP", "0–1",
-        formula="mean over relevant-labelled chunks of precision at their rank",
-        threshold="relevance labels",
-        high="relevant chunks are ranked above irrelevant ones",
-        low="relevant chunks are missing or buried"),
-    "recall_labels": MetricInfo(
-        "recall@{k} (labels)", "share of labelled-relevant chunks, 0–1",
-        formula="labelled-relevant chunks in the top {k} / all labelled-relevant chunks",
-        threshold="relevance labels",
+        formula="DCG of the labelled units the top {k} chunks find, by grade / DCG of the ideal ranking of the labels",
+        threshold="relevance labels (graded; a span label is found by a chunk that overlaps it)",
+        high="labelled documents or spans are found, and found first",
+        low="labelled documents or spans are missing or ranked low"),
+    "recall_at_k_label": MetricInfo(
+        "recall@{k} (labels)", "share of a question's labels, 0–1",
+        formula="labelled units found by the top {k} chunks / all labelled units of the question",
+        threshold="relevance labels (grade > 0)",
         high="most labelled evidence is retrieved",
         low="most labelled evidence is missed"),
+    "map_at_k": MetricInfo(
+        "MAP@{k}", "0–1",
+        formula="sum over the labelled units found in the top {k} of precision at their rank / all labelled units",
+        threshold="relevance labels (grade > 0)",
+        high="labelled units are found and ranked above unlabelled ones",
+        low="labelled units are missing or buried"),
+    "judge_faithfulness": MetricInfo(
+        "faithfulness (judge)", "share of measured questions, 0–1",
+        formula="LLM judge (eval.judge): 1 if every claim of the answer is supported by its passages, else 0; "
+                "mean of the measured repeats",
+        threshold="the judge's verdict; unmeasured judgements are counted beside the mean, not averaged",
+        high="the judge finds the answers supported by their passages",
+        low="the judge finds unsupported claims"),
+    "judge_correctness": MetricInfo(
+        "correctness (judge)", "share of measured questions, 0–1",
+        formula="LLM judge (eval.judge): correct 1, partially correct 0.5, incorrect 0 against the ground truth; "
+                "mean of the measured repeats",
+        threshold="the judge's verdict; unmeasured judgements are counted beside the mean, not averaged",
+        high="the judge finds the answers correct",
+        low="the judge finds the answers wrong"),
     LATENCY: MetricInfo(
         "retrieval latency", "ms per question", higher_is_better=False, decimals=1,
         formula="the question's retrieve + rerank time (every stage but generation, which runs in batches and "

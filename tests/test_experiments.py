@@ -529,3 +529,14 @@ def test_derived_latency_counts_only_questions_whose_retrieval_was_timed(tmp_pat
     (run / "per_question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (rec,) = load_records([run])
     assert question_values(rec, "latency_ms") == {"q0": 7.0}
+
+
+def test_every_metric_the_scorer_reports_has_a_name_and_a_meaning():
+    """The report, charts and verdict read names and directions from metric_info; a metric missing
+    there is shown under its raw field name with no explanation."""
+    from eval.scoring import ALL_METRICS
+    from experiments.metric_info import LATENCY, METRICS
+
+    missing = [m for m in (*ALL_METRICS, "judge_faithfulness", "judge_correctness", LATENCY) if m not in METRICS]
+    assert not missing
+    assert all(METRICS[m].formula and METRICS[m].high and METRICS[m].low for m in METRICS)
