@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rag.corpus.base import as_path, file_fingerprint, iter_jsonl, string_field
+from rag.corpus.base import as_path, claim_id, file_fingerprint, iter_jsonl, string_field
 from rag.corpus.beir import BeirQuestions
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
 from rag.corpus.pubmedqa import document_text, load_pubmedqa, pmid_id
@@ -232,9 +232,7 @@ class JsonlQuestions(QuestionSet):
         for lineno, obj in iter_jsonl(self.path):
             where = f"{self.path}:{lineno}"
             qid = string_field(obj, "id", where)
-            if qid in first_line:
-                raise RagError(f"{where}: duplicate question id {qid!r} (first on line {first_line[qid]})")
-            first_line[qid] = lineno
+            claim_id(first_line, qid, lineno, where, "question")
             relevant = parse_relevant(obj.get("relevant"), where)
             items.append(
                 QAItem(

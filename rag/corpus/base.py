@@ -197,6 +197,13 @@ def check_encodable(obj: Any, where: str, field: str = "") -> None:
             check_encodable(v, where, f"{field}[{i}]")
 
 
+def claim_id(first_line: dict[str, int], key: str, lineno: int, where: str, what: str) -> None:
+    """Records that `key` appears on `lineno` of a JSONL file; a repeat is one error naming both lines."""
+    if key in first_line:
+        raise RagError(f"{where}: duplicate {what} id {key!r} (first on line {first_line[key]})")
+    first_line[key] = lineno
+
+
 def string_field(obj: dict[str, Any], field: str, where: str, *, required: bool = True) -> str | None:
     """obj[field] as a non-empty string; `where` is "file:line" for the error message. Numbers
     are accepted (ids are often numeric) and converted."""

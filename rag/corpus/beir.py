@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rag.corpus.base import Corpus, as_path, file_fingerprint, iter_jsonl, read_text, string_field
+from rag.corpus.base import Corpus, as_path, claim_id, file_fingerprint, iter_jsonl, read_text, string_field
 from rag.types import Document, QAItem, RagError, Relevance
 
 
@@ -54,9 +54,7 @@ class BeirCorpus(Corpus):
         for lineno, obj in iter_jsonl(self.file):
             where = f"{self.file}:{lineno}"
             doc_id = string_field(obj, "_id", where)
-            if doc_id in first_line:
-                raise RagError(f"{where}: duplicate document id {doc_id!r} (first on line {first_line[doc_id]})")
-            first_line[doc_id] = lineno
+            claim_id(first_line, doc_id, lineno, where, "document")
             title = _optional_text(obj, "title", where).strip()
             body = _optional_text(obj, "text", where).strip()
             if not title and not body:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rag.corpus.base import Corpus, as_path, file_fingerprint, iter_jsonl, string_field
+from rag.corpus.base import Corpus, as_path, claim_id, file_fingerprint, iter_jsonl, string_field
 from rag.types import Document, RagError
 
 
@@ -52,9 +52,7 @@ class JsonlCorpus(Corpus):
                 raise RagError(f"{where}: field '{self.text_field}' must be a string, got {type(text).__name__}")
             if not text or not text.strip():
                 raise RagError(f"{where}: document {doc_id!r} has empty text (field '{self.text_field}')")
-            if doc_id in first_line:
-                raise RagError(f"{where}: duplicate document id {doc_id!r} (first on line {first_line[doc_id]})")
-            first_line[doc_id] = lineno
+            claim_id(first_line, doc_id, lineno, where, "document")
             source = string_field(obj, self.source_field, where, required=False) or self.default_source
             extra = obj.get("meta")
             if extra is not None and not isinstance(extra, dict):

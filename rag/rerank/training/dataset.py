@@ -16,12 +16,14 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rag.rerank.training.examples import Example, Group, Pair
 from rag.rerank.training.passages import PassagePool
 from rag.rerank.training.text import contains_query, norm
 from rag.types import Document, QAItem, RagError
+
+T = TypeVar("T")
 
 HARD_POOL = 10  # hard negatives are sampled among this many top BM25 hits (one per document)
 BM25_DEPTH = 60
@@ -49,10 +51,16 @@ def round_robin(examples: Sequence[Example], n: int, rng: random.Random) -> list
     buckets: dict[tuple[str, str], list[Example]] = {}
     for e in examples:
         buckets.setdefault((e.source, e.kind), []).append(e)
+    return take_in_turn(buckets, n, rng)
+
+
+def take_in_turn(buckets: Mapping[Any, list[T]], n: int, rng: random.Random) -> list[T]:
+    """Up to n items, one from each bucket in turn (buckets in sorted key order, each shuffled by
+    `rng` first). The buckets are consumed."""
     queues = [buckets[k] for k in sorted(buckets)]
     for q in queues:
         rng.shuffle(q)
-    out: list[Example] = []
+    out: list[T] = []
     while len(out) < n and any(queues):
         for q in queues:
             if q and len(out) < n:

@@ -18,6 +18,7 @@ from typing import Any
 
 from rag.cache import ArtifactCache, make_key
 from rag.documents import content_fingerprint
+from rag.rerank.training.dataset import take_in_turn
 from rag.rerank.training.examples import Example
 from rag.rerank.training.passages import PassagePool
 from rag.rerank.training.text import is_prose
@@ -74,15 +75,7 @@ def sample_passages(pool: PassagePool, n: int, seed: int) -> list[int]:
     for i, p in enumerate(pool.passages):
         if len(p.text) >= 200 and is_prose(" ".join(p.text.split())[:300]):
             by_source.setdefault(p.source, []).append(i)
-    queues = [by_source[s] for s in sorted(by_source)]
-    for q in queues:
-        rng.shuffle(q)
-    out: list[int] = []
-    while len(out) < n and any(queues):
-        for q in queues:
-            if q and len(out) < n:
-                out.append(q.pop())
-    return out
+    return take_in_turn(by_source, n, rng)
 
 
 def clean_question(text: str) -> str | None:
