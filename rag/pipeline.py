@@ -273,21 +273,19 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     sub_answers, sub_ms, gen_info = generate_cached(
         session.generator, [queries[i] for i in answered], [contexts[i] for i in answered], cache, timer
     )
+    # Per question of the run: None (NaN) for the questions outside the answered sample.
     answers: list[str | None] | None = None
     generate_ms: np.ndarray | None = None
     details: list[Any] | None = None
     if sub_answers is not None:
-        answers, generate_ms = [None] * len(qa), np.full(len(qa), np.nan)
-        for j, i in enumerate(answered):
-            answers[i], generate_ms[i] = sub_answers[j], sub_ms[j]
+        answers = spread(sub_answers, answered, len(qa))
+        generate_ms = np.asarray(spread(list(sub_ms), answered, len(qa), np.nan), float)
     if gen_info is not None:
         artifacts.record["answers"] = {"key": gen_info["key"], "hit": gen_info["hit"]}
         if gen_info["hit"]:  # timed by the run that generated them, not by this one
             generate_ms = None
         if gen_info.get("details") is not None:
-            details = [None] * len(qa)
-            for j, i in enumerate(answered):
-                details[i] = gen_info["details"][j]
+            details = spread(gen_info["details"], answered, len(qa))
     lat_method["generate"] = ("no answers" if gen_info is None else "answers from the cache: not timed in this run"
                               if generate_ms is None else "every question: its share of its batch's wall time")
 
@@ -300,9 +298,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     judge_stats = run_judge(session, records, aggregates, answers, contexts) if session.judge is not None else None
     sampled = {int(q): j for j, q in enumerate(lat_rows)}
     for q, rec in enumerate(records):
-        rec["latency_ms"] = {}
-        if q in sampled:
-            rec["latency_ms"] = {s: round(float(lat_ms[s][sampled[q]]), 3) for s in ("retrieve", "rerank")}
+        rec["latency_ms"] = ({s: round(float(lat_ms[s][sampled[q]]), 3) for s in ("retrieve", "rerank")}
+                             if q in sampled else {})
         if generate_ms is not None and not np.isnan(generate_ms[q]):
             rec["latency_ms"]["generate"] = round(float(generate_ms[q]), 3)
         if route_ms is not None:
@@ -512,6 +509,15 @@ def dry_run(session: Session, queries: list[str], contexts: list[list[Context]],
     output_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(output_dir / "dry_run.json", json.dumps(plan, indent=2))
     return {"dry_run": plan}
+
+
+def spread(values: list[Any], rows: list[int], n: int, fill: Any = None) -> list[Any]:
+    """A length-n list with values[j] at rows[j] and `fill` elsewhere (a sample's results placed
+    among all the questions)."""
+    out = [fill] * n
+    for j, i in enumerate(rows):
+        out[i] = values[j]
+    return out
 
 
 def latency_summary(rows: np.ndarray, measured: dict[str, np.ndarray], generate_ms: np.ndarray | None,

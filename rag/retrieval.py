@@ -41,6 +41,8 @@ class Retriever:
     def __init__(self, source_filter: Any = None) -> None:
         self._artifacts: Artifacts | None = None
         self.source_filter = dict(source_filter or {})
+        if self.source_filter.get("mode") == "oracle":  # the alias, read once here
+            self.source_filter["mode"] = "question"
         self.router: Router | None = None
         if self.routes:
             self.router = Router(self.source_filter.get("groups"), **dict(self.source_filter.get("router") or {}))
@@ -92,9 +94,8 @@ class Retriever:
         if self.routes:  # routed filters are predictions; their misses are measured, not refused
             return
         f = self.source_filter
-        mode = "question" if f.get("mode") == "oracle" else f.get("mode")
         filters = self.filters_for([corpus for _, corpus, _ in askers])
-        check_source_filters(mode, f.get("groups"), askers, filters, docs)
+        check_source_filters(f.get("mode"), f.get("groups"), askers, filters, docs)
 
     def prepare(self, artifacts: Artifacts) -> "Retriever":
         self._artifacts = artifacts
