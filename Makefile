@@ -80,7 +80,7 @@ test-all: setup
 # Renders/extracts the local corpora (man pages, torch docstrings) into the cache and exports
 # them as JSONL under data/corpora/, so a first run does not pay for it.
 data: setup
-	$(PYTHON) -m rag.data --out data/corpora
+	$(PYTHON) -m rag.corpus.export --out data/corpora
 
 # Sweep costs (experiments/bench.py: alpha sweep, chunk x alpha grid) and the performance families
 # (experiments/benchmarks/: BM25, FAISS indexes, encoding, ONNX, end to end, generation, ...), then

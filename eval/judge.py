@@ -36,8 +36,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from rag.cache import ArtifactCache, make_key
-from rag.generation.chat_api import ChatEndpoint, EndpointError, map_concurrent
-from rag.generation.prompt import chat_messages
+from rag.llm.chat_api import ChatEndpoint, EndpointError, map_concurrent
+from rag.llm.prompt import chat_messages
 from rag.types import RagError
 
 log = logging.getLogger(__name__)

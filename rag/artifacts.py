@@ -14,7 +14,7 @@ import numpy as np
 
 from rag.bm25 import BM25Index
 from rag.cache import ArtifactCache, make_key
-from rag.embedding import SentenceTransformerEmbedder
+from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 from rag.index import VectorIndex
 from rag.timing import StageTimer
 from rag.types import Chunk, RagError
@@ -136,7 +136,7 @@ def encode_to_npy(embedder: SentenceTransformerEmbedder, texts: list[str], path:
     Identical texts (boilerplate repeated across documents) are encoded once.
 
     The embedder yields (rows, vectors) pairs from `encode_blocks`, in any order, so an engine
-    that encodes on several workers (rag.distributed) writes the very same file."""
+    that encodes on several workers (rag.embedder.ray_data) writes the very same file."""
     unique: dict[str, int] = {}
     inverse = np.fromiter((unique.setdefault(t, len(unique)) for t in texts), dtype=np.int64, count=len(texts))
     uniq_texts = list(unique)

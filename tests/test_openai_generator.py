@@ -1,4 +1,4 @@
-"""`llm=openai` (rag/generation/openai.py) in the pipeline: the in-process generator's prompt sent as
+"""`llm=openai` (rag/llm/openai.py) in the pipeline: the in-process generator's prompt sent as
 chat messages, answers cached one by one so that a failed run resumes, token usage per question
 and per run, the dry run, and the API key kept out of every output. Against a scripted HTTP
 endpoint on 127.0.0.1; tests/test_server.py runs the same paths against a real engine."""
@@ -11,9 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from rag.cache import ArtifactCache
-from rag.generation import OpenAIGenerator
-from rag.generation.answer_cache import RECORD_KIND, answer_keys
-from rag.generation.hf import render_chat
+from rag.llm import OpenAIGenerator
+from rag.llm.answer_cache import RECORD_KIND, answer_keys
+from rag.llm.hf import render_chat
 from rag.pipeline import build, format_table, generate_cached, run
 from rag.timing import StageTimer
 from rag.types import Context, RagError

@@ -125,7 +125,7 @@ def test_all_questions_preset_is_every_question_on_the_whole_corpus_retrieval_on
     for overrides in (["+preset=all_questions"], ["+version=v4", "+preset=all_questions"]):
         cfg = compose_cfg(overrides)
         assert cfg.slice.docs_per_source is None and cfg.slice.questions_per_corpus is None
-        assert cfg.llm._target_ == "rag.generation.NoGenerator"
+        assert cfg.llm._target_ == "rag.llm.NoGenerator"
         assert cfg.qa._target_ == "rag.qa.MixedQuestions"
 
 

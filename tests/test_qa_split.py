@@ -105,7 +105,7 @@ def _scored_ids(compose_cfg, overrides: list[str]) -> set[str]:
 def _trained_ids(compose_cfg, overrides: list[str]) -> set[str]:
     from hydra.utils import instantiate
 
-    from rag.rerank.training.labelled import training_questions
+    from rag.reranker.training.labelled import training_questions
 
     cfg = compose_cfg(["reranker=cross_encoder", *overrides])
     return {q.id for q in training_questions(instantiate(cfg.reranker.train.labelled))}

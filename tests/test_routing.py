@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rag.pipeline import run
-from rag.retrieval import BM25Retriever, source_filters
+from rag.retriever import BM25Retriever, source_filters
 from rag.routing import Router, routing_report
 from rag.types import RagError
 from tests.conftest import tiny_overrides

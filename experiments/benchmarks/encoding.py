@@ -103,7 +103,7 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
     cache hit (no model load)."""
     from rag.artifacts import Artifacts
     from rag.cache import ArtifactCache
-    from rag.embedding import load_sentence_transformer
+    from rag.embedder.sentence_transformer import load_sentence_transformer
 
     clock = start()
     n_texts = n_texts or (16 if tiny else 2000 if full else 1000)

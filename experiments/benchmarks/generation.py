@@ -1,4 +1,4 @@
-"""Generation: tokens and answers per second of the LLM generator (`rag.generation.HFGenerator`,
+"""Generation: tokens and answers per second of the LLM generator (`rag.llm.HFGenerator`,
 SmolLM2-135M by default) on the CPU in float32, and where CUDA exists on the GPU in float16 and in
 4-bit NF4 (bitsandbytes, the `llm.quantization=4bit` path of `llm=qwen2_5_1_5b_4bit`), on the
 same prompts.
@@ -63,7 +63,7 @@ def answer_quality(result: dict[str, Any], resamples: int = 1000) -> dict[str, A
     from eval.metrics import answer_gt_similarity, grounding
     from eval.scoring import ScoreSettings
     from eval.stats import bootstrap_ci
-    from rag.embedding import SentenceTransformerEmbedder
+    from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 
     _, contexts, truths = rag_prompts(result["n_prompts"])
     embedder = SentenceTransformerEmbedder(EVAL_EMBEDDER, show_progress=False)
@@ -106,7 +106,7 @@ def _variants(with_cuda: bool) -> list[dict[str, Any]]:
     out = [{"name": "cpu_float32", "device": "cpu", "dtype": "float32", "quantization": None}]
     if with_cuda:
         out.append({"name": "cuda_float16", "device": "cuda", "dtype": "float16", "quantization": None})
-        from rag.generation.llm import check_device
+        from rag.llm.loading import check_device
         from rag.types import RagError
 
         try:
@@ -122,8 +122,8 @@ def _measure(variant: dict[str, Any], model: dict[str, Any], questions: list[str
              batch_size: int, max_new_tokens: int, cache_dir: str) -> dict[str, Any]:
     import torch
 
-    from rag.generation import llm as llm_module
-    from rag.generation.hf import HFGenerator
+    from rag.llm import loading as llm_module
+    from rag.llm.hf import HFGenerator
 
     llm_module.load_causal_lm.cache_clear()
     cuda = variant["device"].startswith("cuda")
@@ -192,7 +192,7 @@ def bench_generation(quick: bool = True, full: bool = False, tiny: bool = False,
     with_cuda = torch.cuda.is_available() and not tiny
 
     # The first load converts the GGUF into the cache; do it before anything is timed.
-    from rag.generation import llm as llm_module
+    from rag.llm import loading as llm_module
 
     t0 = time.perf_counter()
     llm_module.load_causal_lm(model, gguf_file, "float32", "cpu", None, cache_dir)

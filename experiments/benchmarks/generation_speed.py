@@ -125,8 +125,8 @@ def floor_seconds(costs: dict[str, float], stats: dict[str, float], limits: dict
 def run_variant(name: str, settings: dict[str, Any], base_llm: dict[str, Any], prompts: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from rag.generation import llm as llm_module
-    from rag.generation.hf import HFGenerator
+    from rag.llm import loading as llm_module
+    from rag.llm.hf import HFGenerator
 
     args = {k: v for k, v in base_llm.items() if k != "_target_"}
     args.update(settings)

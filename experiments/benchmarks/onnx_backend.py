@@ -1,4 +1,4 @@
-"""The ONNX embedder backend (rag/embedding.py, conf/embedder/minilm_onnx*.yaml) against torch.
+"""The ONNX embedder backend (rag/embedder/sentence_transformer.py, conf/embedder/minilm_onnx*.yaml) against torch.
 
 - speed: chunks/s of `SentenceTransformerEmbedder.encode` with backend torch, onnx and onnx +
   int8 on the same PubMedQA chunks (runs ordered torch, onnx, int8, int8, onnx, torch so drift

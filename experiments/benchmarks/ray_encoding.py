@@ -1,4 +1,4 @@
-"""Ray encoding: the embedding stage on Ray Data (`embedder=minilm_ray`, rag.distributed) with one
+"""Ray encoding: the embedding stage on Ray Data (`embedder=minilm_ray`, rag.embedder.ray_data) with one
 and with two actors, against the local stage, on a Ray cluster started here.
 
 - cluster: a head node and a worker node, both on 127.0.0.1, started by the benchmark (its start
@@ -75,7 +75,7 @@ def bench_ray_encoding(quick: bool = True, full: bool = False, tiny: bool = Fals
     import ray
 
     from rag.artifacts import encode_to_npy
-    from rag.distributed import RayDataEmbedder, loopback_ray
+    from rag.embedder.ray_data import RayDataEmbedder, loopback_ray
 
     n_texts = n_texts or (48 if tiny else 2000 if full else 1000)
     ray_batch_size = ray_batch_size or (16 if tiny else 128)

@@ -1,4 +1,4 @@
-"""Per-question retrieval latency on the full corpus: the harness's retrievers (rag.retrieval, as
+"""Per-question retrieval latency on the full corpus: the harness's retrievers (rag.retriever, as
 a run times them: `search_timed`, one question at a time, memo bypassed) against FAISS and bm25s
 called directly on the same vectors, index files and query tokens.
 

@@ -1,7 +1,7 @@
 """Serving: answers and tokens per second of `llm=openai` through a real OpenAI-compatible server
 (`transformers serve` on 127.0.0.1, the packaged SmolLM2 from the harness's safetensors
 conversion) at several request concurrencies, against the in-process generator
-(`rag.generation.HFGenerator`, llm=smollm2's settings) on the same prompts, measured in the same
+(`rag.llm.HFGenerator`, llm=smollm2's settings) on the same prompts, measured in the same
 run.
 
 Prompts: the embedded default slice with `n_per_corpus` questions per question corpus (12: 36
@@ -42,7 +42,7 @@ def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) ->
 
 
 def _in_process(llm_cfg: Any, batch_size: int, questions: list[str], contexts: list[list[Any]]) -> dict[str, Any]:
-    from rag.generation.hf import HFGenerator
+    from rag.llm.hf import HFGenerator
     from rag.pipeline import build
 
     gen: HFGenerator = build(llm_cfg)
@@ -57,7 +57,7 @@ def _in_process(llm_cfg: Any, batch_size: int, questions: list[str], contexts: l
 
 def _served(base_url: str, folder: str, llm_cfg: Any, concurrency: int, questions: list[str],
             contexts: list[list[Any]]) -> dict[str, Any]:
-    from rag.generation import OpenAIGenerator
+    from rag.llm import OpenAIGenerator
 
     gen = OpenAIGenerator(base_url=base_url, model=folder, max_tokens=int(llm_cfg.max_new_tokens),
                           temperature=float(llm_cfg.temperature), concurrency=concurrency, timeout_s=600,
@@ -84,8 +84,8 @@ def bench_serving(quick: bool = True, full: bool = False, tiny: bool = False, n_
                   batch_sizes: tuple[int, ...] | None = None, cache_dir: str | None = None) -> dict[str, Any]:
     """Answers/s and tokens/s through transformers serve at concurrency 1, 4, 8 (and with continuous
     batching) against the in-process generator on the same 36 v3 prompts."""
-    from rag.generation.llm import servable_folder
-    from rag.generation.servable import TransformersServer
+    from rag.llm.loading import servable_folder
+    from rag.llm.servable import TransformersServer
 
     clock = start()
     missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]

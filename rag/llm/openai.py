@@ -1,0 +1,200 @@
+"""`llm=openai`: answers from any OpenAI-compatible `/v1/chat/completions` endpoint: vLLM,
+llama.cpp's server, Ollama, TGI, `transformers serve`, or a hosted API.
+
+The prompt is the in-process generator's: the same system prompt and the same user message
+(`PromptBuilder`), sent as chat messages so that the server applies the model's own chat template,
+as `HFGenerator` does with the tokenizer's. With greedy decoding and the same token limit, a server
+running the same weights gives the in-process answers (docs/serving.md lists the differences seen).
+
+Requests are independent, so the pipeline caches every answer as it arrives
+(`rag.llm.answer_cache`): a run stopped by a dead server resumes with the missing answers
+only. The cache key is the endpoint's model id, the request parameters and the exact prompt, not
+the URL: the same model moved to another host or port keeps its answers. Two endpoints that serve
+different weights under one model id (e.g. two quantizations) need `cache_namespace` set apart.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from rag.llm.base import Generator
+from rag.llm.chat_api import ChatEndpoint, Completion, map_concurrent
+from rag.llm.hf import DEFAULT_SYSTEM_PROMPT
+from rag.llm.prompt import PromptBuilder, chat_messages
+from rag.types import Context, RagError
+
+log = logging.getLogger(__name__)
+
+CHARS_PER_TOKEN = 4.0  # the usual estimate for English text when no tokenizer is at hand
+
+
+class OpenAIGenerator(Generator):
+    resumable = True  # answers are independent of each other: the pipeline may cache them one by one
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 96,
+        stop: list[str] | str | None = None,
+        seed: int | None = 0,
+        top_p: float | None = None,
+        concurrency: int = 4,
+        timeout_s: float = 120.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        extra_body: dict[str, Any] | None = None,
+        cache_namespace: str | None = None,
+        dry_run: bool = False,
+        tokenizer: str | None = None,
+        prompt: dict[str, Any] | None = None,
+        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+    ):
+        self.endpoint = ChatEndpoint(base_url, str(model), api_key_env, timeout_s, max_retries, backoff_s,
+                                     max_backoff_s, what="llm")
+        self.temperature = float(temperature)
+        self.max_tokens = int(max_tokens)
+        self.stop = [stop] if isinstance(stop, str) else (list(stop) if stop else None)
+        self.seed = None if seed is None else int(seed)
+        self.top_p = None if top_p is None else float(top_p)
+        self.concurrency = int(concurrency)
+        self.extra_body = dict(extra_body or {})
+        self.cache_namespace = cache_namespace
+        self.dry_run = bool(dry_run)
+        self.tokenizer = tokenizer
+        self.prompt = PromptBuilder(**dict(prompt or {}))
+        self.system_prompt = system_prompt or None
+        if self.max_tokens <= 0:
+            raise RagError(f"llm.max_tokens must be positive, got {max_tokens}")
+        if self.temperature < 0:
+            raise RagError(f"llm.temperature must be >= 0, got {temperature}")
+        if not 1 <= self.concurrency <= 256:
+            raise RagError(f"llm.concurrency must be between 1 and 256, got {concurrency}")
+        clash = {"model", "messages", "stream"} & set(self.extra_body)
+        if clash:
+            raise RagError(f"llm.extra_body must not set {sorted(clash)}: they are the generator's own")
+        self._checked = False
+        self._lock = threading.Lock()
+        self.last_latencies_ms: list[float] | None = None
+        self.last_details: list[dict[str, Any]] | None = None
+
+    @property
+    def id(self) -> dict[str, Any]:
+        return {
+            "class": type(self).__name__,
+            "model": self.endpoint.model,
+            **({"cache_namespace": self.cache_namespace} if self.cache_namespace else {}),
+            "params": self.params(),
+            "prompt": self.prompt.id,
+            "system_prompt": self.system_prompt,
+        }
+
+    @property
+    def no_answer(self) -> str:
+        return self.prompt.no_answer
+
+    def params(self) -> dict[str, Any]:
+        """The request fields besides model and messages. The seed goes to the server only when
+        sampling: greedy answers do not depend on it, so it must not split the cache either."""
+        out: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        if self.stop:
+            out["stop"] = self.stop
+        if self.top_p is not None:
+            out["top_p"] = self.top_p
+        if self.seed is not None and self.temperature > 0:
+            out["seed"] = self.seed
+        return {**out, **self.extra_body}
+
+    def warm_up(self) -> None:
+        """Checks once that the server answers and serves the model (GET /models), so a wrong
+        URL or key fails in one line before the first prompt is sent."""
+        with self._lock:
+            if not self._checked:
+                self.endpoint.check()
+                self._checked = True
+
+    def messages(self, question: str, contexts: list[Context]) -> list[dict[str, str]]:
+        return chat_messages(self.system_prompt, self.prompt.build(question, contexts))
+
+    def _ask(self, messages: list[dict[str, str]], stop: threading.Event) -> Completion:
+        return self.endpoint.chat(messages, self.params(), stop)
+
+    def iter_generate(self, questions: list[str], contexts: list[list[Context]]) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(index, record) for each answer as it arrives: `answer`, `latency_ms` (the request's wall
+        time, retries included), `usage`, `finish_reason`, `served_model`, `attempts`. The first
+        request that fails for good stops the rest and raises its one-line error after the
+        answers still in flight have been yielded."""
+        if len(questions) != len(contexts):
+            raise ValueError(f"generate: {len(questions)} questions but {len(contexts)} context lists")
+        self.warm_up()
+        prompts = [self.messages(q, c) for q, c in zip(questions, contexts)]
+        bar = tqdm(total=len(prompts), desc="generate (server)", unit="answer", mininterval=2.0, leave=False)
+        try:
+            for i, done in map_concurrent(self._ask, prompts, self.concurrency):
+                bar.update(1)
+                if done.finish_reason == "length":
+                    log.debug("llm: answer %d stopped at max_tokens=%d", i, self.max_tokens)
+                yield i, {"answer": done.text.strip(), "latency_ms": round(done.latency_ms, 3), "usage": done.usage(),
+                          "finish_reason": done.finish_reason, "served_model": done.served_model,
+                          "attempts": done.attempts}
+        finally:
+            bar.close()
+
+    def generate(self, questions: list[str], contexts: list[list[Context]]) -> list[str]:
+        records: list[dict[str, Any] | None] = [None] * len(questions)
+        for i, rec in self.iter_generate(questions, contexts):
+            records[i] = rec
+        done = [r for r in records if r is not None]
+        self.last_details = done
+        self.last_latencies_ms = [r["latency_ms"] for r in done]
+        return [r["answer"] for r in done]
+
+    # -- dry run ----------------------------------------------------------------------------
+
+    def count_prompt_tokens(self, questions: list[str], contexts: list[list[Context]]) -> tuple[list[int], str]:
+        """Prompt tokens per question as the server would count them: with `tokenizer` (or the
+        model id, when it is a local folder) the chat template is applied and tokenized here;
+        without one, characters / 4, and the method says so."""
+        messages = [self.messages(q, c) for q, c in zip(questions, contexts)]
+        tok, source = self._load_tokenizer()
+        if tok is not None:
+            counts = []
+            for m in messages:
+                ids = tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
+                if hasattr(ids, "keys") and "input_ids" in ids:  # transformers 5 returns a BatchEncoding
+                    ids = ids["input_ids"]
+                counts.append(len(ids))
+            return counts, f"counted with the tokenizer at {source} and its chat template"
+        chars = [sum(len(x["content"]) for x in m) for m in messages]
+        return [int(round(c / CHARS_PER_TOKEN)) for c in chars], (
+            f"estimated as characters / {CHARS_PER_TOKEN:g} (no local tokenizer: set llm.tokenizer to count exactly)")
+
+    def _load_tokenizer(self) -> tuple[Any, str | None]:
+        source = self.tokenizer
+        if source is None and Path(self.endpoint.model).expanduser().is_dir():
+            source = self.endpoint.model
+        if source is None:
+            return None, None
+        from rag.llm.loading import resolve_llm_path
+
+        path = resolve_llm_path(str(source))
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            log.warning("llm.tokenizer %s could not be loaded (%s); estimating tokens instead", source,
+                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+            return None, None
+        if not getattr(tok, "chat_template", None):
+            log.warning("llm.tokenizer %s has no chat template; estimating tokens instead", source)
+            return None, None
+        return tok, path

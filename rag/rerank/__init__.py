@@ -1,4 +1,0 @@
-"""Rerankers: `rerank(queries, hits, chunks, k) -> Hits` reorders the fused top-N down to k."""
-from rag.rerank.base import NoReranker, Reranker
-
-__all__ = ["NoReranker", "Reranker"]

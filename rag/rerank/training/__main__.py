@@ -1,5 +1,0 @@
-import sys
-
-from rag.rerank.training.cli import main
-
-sys.exit(main())

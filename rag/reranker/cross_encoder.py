@@ -1,0 +1,225 @@
+"""Cross-encoder reranking: score (query, chunk text) jointly and keep the best k.
+
+`model` is a Hugging Face id, a local path, `package:<module>` (weights inside a pip package,
+see rag/embedder/sentence_transformer.py), or `trained:`: the packaged MiniLM fine-tuned locally with the `train`
+settings (rag/reranker/training/), built once and cached as the artifact
+`<cache_dir>/cross_encoder/<key>`.
+
+Only the first `top_n` candidates of the first stage are scored. `fuse` combines the
+cross-encoder's order with the first stage's order (see `fuse_scores`); `label_passages` puts each
+chunk's document label before its text, as the trained model saw its passages (null: as the model
+was trained, read from its reranker.json; other models: no labels).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.cache import ArtifactCache
+from rag.embedder.sentence_transformer import resolve_model_path
+from rag.reranker.base import Reranker
+from rag.types import Chunk, Hits, RagError
+
+log = logging.getLogger(__name__)
+
+TRAINED = "trained:"
+FUSE_METHODS = ("none", "rrf", "linear")
+
+
+def fuse_scores(ce: np.ndarray, method: str, weight: float, k: int = 60) -> np.ndarray:
+    """Scores of the head candidates (given in first-stage order) to sort by.
+
+    none:   the cross-encoder's logits.
+    rrf:    weight / (k + cross-encoder rank) + (1 - weight) / (k + first-stage rank), ranks from 1:
+            reciprocal rank fusion of the two orders.
+    linear: weight * z + (1 - weight) * prior, with z the logits standardized within the question
+            and prior = -ln(first-stage rank): a candidate the first stage ranked high needs a
+            clearly better logit to be overtaken.
+    """
+    n = len(ce)
+    if method == "none" or n == 0:
+        return ce
+    first = np.arange(1, n + 1, dtype=np.float64)
+    if method == "rrf":
+        ce_rank = np.empty(n)
+        ce_rank[np.argsort(-ce, kind="stable")] = first
+        return (weight / (k + ce_rank) + (1 - weight) / (k + first)).astype(np.float32)
+    z = (ce - ce.mean()) / (ce.std() + 1e-6)
+    return (weight * z - (1 - weight) * np.log(first)).astype(np.float32)
+
+
+def _looks_local(path: str) -> bool:
+    if path.startswith((".", "/", "~")):
+        return True
+    parts = path.split("/")
+    is_hub_id = len(parts) == 2 and all(parts)
+    return os.sep in path and not is_hub_id
+
+
+@functools.lru_cache(maxsize=4)
+def load_cross_encoder(path: str, max_length: int, device: str) -> Any:
+    """One loaded model per (path, max_length, device) per process."""
+    from sentence_transformers import CrossEncoder
+
+    try:
+        return CrossEncoder(path, max_length=max_length, device=device)
+    except OSError as e:
+        raise RagError(f"reranker model {path!r} could not be loaded: {str(e).splitlines()[0]}") from None
+
+
+class CrossEncoderReranker(Reranker):
+    def __init__(
+        self,
+        model: str,
+        top_n: int = 20,
+        batch_size: int = 32,
+        max_length: int = 256,
+        device: str = "cpu",
+        train: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        fuse: dict[str, Any] | None = None,
+        label_passages: bool | None = None,
+        precision: str = "fp32",
+    ):
+        if not isinstance(model, str) or not model.strip():
+            raise RagError(f"reranker.model must be a model id, path, package:<module> or {TRAINED!r}, got {model!r}")
+        for name, value in (("top_n", top_n), ("batch_size", batch_size), ("max_length", max_length)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise RagError(f"reranker.{name} must be a positive integer, got {value!r}")
+        fuse = dict(fuse or {})
+        unknown = sorted(set(fuse) - {"method", "weight", "k"})
+        if unknown:
+            raise RagError(f"reranker.fuse: unknown key(s) {unknown}; known: method, weight, k")
+        self.fuse_method = str(fuse.get("method", "none"))
+        if self.fuse_method not in FUSE_METHODS:
+            raise RagError(f"reranker.fuse.method must be one of {list(FUSE_METHODS)}, got {self.fuse_method!r}")
+        try:
+            self.fuse_weight, self.fuse_k = float(fuse.get("weight", 0.5)), int(fuse.get("k", 60))
+        except (TypeError, ValueError):
+            raise RagError(f"reranker.fuse: weight must be a number and k an integer, got {fuse}") from None
+        if not 0 <= self.fuse_weight <= 1 or self.fuse_k < 0:
+            raise RagError(f"reranker.fuse: weight must be in [0, 1] and k >= 0, got {fuse}")
+        if precision not in ("fp32", "bf16"):
+            raise RagError(f"reranker.precision must be fp32 or bf16, got {precision!r}")
+        self.precision = precision
+        self.label_passages = label_passages
+        self.model_name = model.strip()
+        self.top_n = int(top_n)
+        self.batch_size = int(batch_size)
+        self.max_length = int(max_length)
+        self.device = device
+        self.train = dict(train or {})
+        self.cache_dir = cache_dir
+        self._cache: ArtifactCache | None = ArtifactCache(cache_dir) if cache_dir is not None else None
+        self._model: Any = None
+        self.artifact: Any = None  # the cross_encoder artifact, for `trained:`
+        if self.model_name == TRAINED:
+            from rag.reranker.training.settings import train_settings
+
+            train_settings(self.train)  # a bad setting fails when the config is built, not later
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    def prepare(self, artifacts: Any) -> None:
+        if self._cache is None and getattr(artifacts, "cache", None) is not None:
+            self._cache = artifacts.cache
+
+    def model_path(self) -> str:
+        """The folder or hub id to load; trains the `trained:` model when it is not cached."""
+        if self.model_name == TRAINED:
+            if self._cache is None:
+                raise RagError("reranker.cache_dir is not set: the 'trained:' cross-encoder is cached as an artifact")
+            from rag.reranker.training.artifact import build_trained_model
+
+            self.artifact = build_trained_model(self.train, self._cache)
+            log.info("cross-encoder %s: %s", "cached" if self.artifact.hit else "trained", self.artifact.path)
+            return str(self.artifact.path)
+        try:
+            path = resolve_model_path(self.model_name)
+        except RagError as e:  # its message speaks of the embedder
+            raise RagError(str(e).replace("embedder model", "reranker model", 1)) from None
+        if _looks_local(path) and not Path(path).expanduser().exists():
+            raise RagError(f"reranker model {self.model_name!r}: path {path} does not exist")
+        return str(Path(path).expanduser()) if _looks_local(path) else path
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            path = self.model_path()
+            if self.label_passages is None:
+                from rag.reranker.training.artifact import reranker_info
+
+                local = Path(path)
+                self.label_passages = bool(local.is_dir() and reranker_info(local).get("label_passages", False))
+            self._model = load_cross_encoder(path, self.max_length, self.device)
+        return self._model
+
+    def passage(self, chunk: Chunk) -> str:
+        if self.label_passages:
+            from rag.reranker.training.passages import with_label
+
+            return with_label(chunk.doc_id, chunk.text)
+        return chunk.text
+
+    def warm_up(self) -> None:
+        self.model  # noqa: B018 (loads, and trains `trained:` if needed)
+
+    # ---- scoring -------------------------------------------------------------------------------
+
+    def score(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        """Raw relevance logits (no sigmoid: it would saturate and tie the best candidates)."""
+        if not pairs:
+            return np.zeros(0, np.float32)
+        import torch
+
+        from rag.reranker.training.fit import bf16_ok
+
+        bf16 = self.precision == "bf16" and bf16_ok(self.device)
+        with torch.autocast("cuda" if self.device.startswith("cuda") else "cpu", dtype=torch.bfloat16, enabled=bf16):
+            scores = self.model.predict(
+                pairs,
+                batch_size=self.batch_size,
+                show_progress_bar=False,
+                activation_fn=torch.nn.Identity(),
+                convert_to_numpy=True,
+            )
+        scores = np.asarray(scores, np.float32)
+        if scores.ndim > 1:  # a multi-label model: its last logit is taken as "relevant"
+            scores = scores[:, -1]
+        return scores.reshape(-1)
+
+    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int) -> Hits:
+        """The valid candidates among the first top_n of each row, rescored and sorted (ties keep
+        the retrieval order); candidates past top_n follow in retrieval order with lower scores."""
+        if len(queries) != hits.n_queries:
+            raise RagError(f"reranker: {len(queries)} queries but {hits.n_queries} rows of candidates")
+        k = int(k)
+        if k <= 0:
+            return Hits.empty(hits.n_queries, 0)
+        heads: list[list[int]] = []
+        tails: list[list[int]] = []
+        pairs: list[tuple[str, str]] = []
+        self.model  # noqa: B018 (settles label_passages before the passages are made)
+        for q in range(hits.n_queries):
+            valid = [int(i) for i in hits.ids[q] if i >= 0]
+            heads.append(valid[: self.top_n])
+            tails.append(valid[self.top_n :])
+            pairs.extend((queries[q], self.passage(chunks[i])) for i in heads[-1])
+        scores = self.score(pairs)
+        rows: list[list[tuple[int, float]]] = []
+        at = 0
+        for head, tail in zip(heads, tails):
+            s = fuse_scores(scores[at : at + len(head)], self.fuse_method, self.fuse_weight, self.fuse_k)
+            at += len(head)
+            order = np.argsort(-s, kind="stable")  # stable: ties keep the retrieval order
+            row = [(head[j], float(s[j])) for j in order[:k]]
+            if len(row) < k and tail:
+                floor = (float(s.min()) if len(s) else 0.0) - 1.0
+                row += [(i, floor - j) for j, i in enumerate(tail[: k - len(row)])]
+            rows.append(row)
+        return Hits.from_rows(rows, k)

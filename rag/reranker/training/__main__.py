@@ -1,0 +1,5 @@
+import sys
+
+from rag.reranker.training.cli import main
+
+sys.exit(main())

@@ -1,0 +1,163 @@
+"""The trained reranker as a cached artifact `<cache>/cross_encoder/<key>/`: the saved model,
+`train_metrics.json` (data statistics, held-out metrics before and after training, timings) and
+`reranker.json` (what a reranker must know to use it: whether passages carry labels).
+
+The key covers the base model, every setting that changes the weights, the builder version, the
+training documents' content and, when used, the labelled questions (their train part's content and
+the split) and the generated questions' artifact key."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rag.cache import ArtifactCache, make_key
+from rag.documents import content_fingerprint, load_corpus
+from rag.embedder.sentence_transformer import resolve_model_path
+from rag.reranker.training.dataset import build_dataset
+from rag.reranker.training.evaluate import biencoder_reference, evaluate
+from rag.reranker.training.fit import fit, load_base_model, set_threads
+from rag.reranker.training.labelled import question_set, questions_fingerprint
+from rag.reranker.training.settings import key_settings, train_settings
+from rag.types import Document, QAItem, RagError
+
+log = logging.getLogger(__name__)
+
+KIND = "cross_encoder"
+# Bump when building the data or training changes its output for the same settings.
+TRAIN_VERSION = 4
+METRICS_FILE = "train_metrics.json"
+RERANKER_FILE = "reranker.json"
+
+
+def training_docs(corpus: Any, cache: ArtifactCache) -> list[Document]:
+    """The training documents: a corpus object (anything load_corpus takes), a `_target_` mapping
+    (instantiated with Hydra) or a list of Documents."""
+    if corpus is None:
+        raise RagError("reranker.train.corpus is not set: the `trained:` model needs documents to train on")
+    if isinstance(corpus, Mapping):
+        if "_target_" not in corpus:
+            raise RagError("reranker.train.corpus: a mapping needs a '_target_' (e.g. rag.corpus.MixedCorpus)")
+        from hydra.utils import instantiate
+
+        corpus = instantiate(dict(corpus), _convert_="all")
+    if isinstance(corpus, (list, tuple)) and all(isinstance(d, Document) for d in corpus):
+        return list(corpus)
+    if not hasattr(corpus, "load") and not getattr(corpus, "parts", None):
+        raise RagError(f"reranker.train.corpus: expected a corpus, got {type(corpus).__name__}")
+    docs, _ = load_corpus(corpus, cache)
+    return docs
+
+
+class TrainingInputs:
+    """Everything a training run reads, loaded once: settings, documents, labelled questions."""
+
+    def __init__(self, train: Mapping[str, Any] | None, cache: ArtifactCache) -> None:
+        train = dict(train or {})
+        self.settings = train_settings(train)
+        self.cache = cache
+        self.docs = training_docs(train.get("corpus"), cache)
+        self.questions: list[QAItem] = []
+        self.split: dict[str, Any] | None = None
+        if self.settings["queries"]["labelled"]:
+            if train.get("labelled") is None:
+                raise RagError("reranker.train.queries.labelled > 0 needs reranker.train.labelled (a question set)")
+            qs = question_set(train["labelled"])
+            self.questions, self.split = qs.load(), qs.split.id
+        self.generator_config = train.get("generator")
+
+    def key(self) -> tuple[str, dict[str, Any]]:
+        params = {"base_model": self.settings["base_model"], "train": key_settings(self.settings),
+                  "version": TRAIN_VERSION}
+        inputs: dict[str, Any] = {"corpus": content_fingerprint(self.docs)}
+        if self.questions:
+            inputs["labelled"] = {"split": self.split, "questions": questions_fingerprint(self.questions)}
+        if self.settings["queries"]["generated"]:
+            from rag.reranker.training.generated import generation_key
+
+            inputs["generated"] = generation_key(self.docs, self.settings, self.generator_config)
+        return make_key(KIND, params, inputs), {**params, **inputs}
+
+
+def train_cross_encoder(inputs: TrainingInputs, out_dir: Path, progress: Callable[[str], None] | None = None,
+                        reference: bool = True) -> dict[str, Any]:
+    """Build the data, train, evaluate before/after on held-out documents, save into `out_dir`."""
+    s = inputs.settings
+    say = progress or (lambda m: log.info("%s", m))
+    set_threads(s["threads"])
+    t_start = time.perf_counter()
+    generated: list[Any] = []
+    if s["queries"]["generated"]:
+        from rag.reranker.training.generated import generated_examples
+
+        generated = generated_examples(inputs.docs, s, inputs.generator_config, inputs.cache, say)
+    data = build_dataset(inputs.docs, s, inputs.questions, generated)
+    say(f"built {data.stats['train_pairs']} training pairs ({data.stats['train_by_kind']}), "
+        f"{data.stats['val_queries']} validation queries in {data.stats['build_seconds']}s")
+    model = load_base_model(s["base_model"], s["max_length"], s["seed"], s["device"])
+    before = evaluate(model, data.val) if data.val else {}
+    say(f"held-out before training: {before}")
+    stats = fit(model, data.train, s, say)
+    after = evaluate(model, data.val) if data.val else {}
+    say(f"held-out after training: {after}")
+    ref = biencoder_reference(resolve_model_path(s["base_model"]), data.val, s["device"]) if reference and data.val else None
+    if ref:
+        say(f"held-out, base model as a bi-encoder (reference): {ref}")
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    metrics = {
+        "settings": s,
+        "labelled_split": inputs.split,
+        "labelled_questions": len(inputs.questions),
+        "data": data.stats,
+        "training": stats,
+        "heldout_before": before,
+        "heldout_after": after,
+        "heldout_biencoder_reference": ref,
+        "examples": [asdict(g) for g in data.train[:3]],
+        "total_seconds": round(time.perf_counter() - t_start, 1),
+    }
+    (Path(out_dir) / METRICS_FILE).write_text(json.dumps(metrics, indent=2, ensure_ascii=False))
+    (Path(out_dir) / RERANKER_FILE).write_text(json.dumps({"label_passages": s["label_passages"]}))
+    return metrics
+
+
+def artifact_key(train: Mapping[str, Any] | None, cache: ArtifactCache) -> str:
+    return TrainingInputs(train, cache).key()[0]
+
+
+def build_trained_model(train: Mapping[str, Any] | None, cache: ArtifactCache,
+                        progress: Callable[[str], None] | None = None) -> Any:
+    """The `cross_encoder` artifact for these training settings, trained when missing.
+    Returns rag.cache.Artifact (path = the saved model folder)."""
+    inputs = TrainingInputs(train, cache)
+    key, key_inputs = inputs.key()
+
+    def build(tmp: Path) -> dict[str, Any]:
+        log.info("training the cross-encoder reranker %s (one-time, cached) on %d documents", key, len(inputs.docs))
+        m = train_cross_encoder(inputs, tmp, progress)
+        return {"train_pairs": m["data"]["train_pairs"], "train_seconds": m["training"]["train_seconds"],
+                "total_seconds": m["total_seconds"], "heldout_before": m["heldout_before"],
+                "heldout_after": m["heldout_after"]}
+
+    return cache.get_or_build(KIND, key, build, inputs=key_inputs)
+
+
+def reranker_info(model_dir: str | Path) -> dict[str, Any]:
+    """What the trained model's reranker must do (reranker.json; {} for other models)."""
+    f = Path(model_dir) / RERANKER_FILE
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+def dataset_for(train: Mapping[str, Any] | None, cache: ArtifactCache) -> Any:
+    """The training data these settings build (no training): for inspection."""
+    inputs = TrainingInputs(train, cache)
+    generated: Sequence[Any] = []
+    if inputs.settings["queries"]["generated"]:
+        from rag.reranker.training.generated import generated_examples
+
+        generated = generated_examples(inputs.docs, inputs.settings, inputs.generator_config, inputs.cache)
+    return build_dataset(inputs.docs, inputs.settings, inputs.questions, generated)
