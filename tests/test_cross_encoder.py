@@ -13,7 +13,7 @@ from rag.cache import ArtifactCache
 from rag.reranker.cross_encoder import CrossEncoderReranker, fuse_scores
 from rag.reranker.training import artifact as A
 from rag.types import Document, Hits, RagError, make_chunk
-from tests.test_rerank_training import QUESTIONS, mini_corpus
+from tests.test_reranker_training import QUESTIONS, mini_corpus
 
 # ---- 1. ordering ------------------------------------------------------------------------------
 
