@@ -8,7 +8,6 @@ reused: they are then the same numbers the evaluation embedder would compute.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,31 +16,30 @@ import numpy as np
 from eval import metrics as M
 from eval.labels import LABEL_METRICS, label_metrics
 from eval.stats import bootstrap_ci
+from rag.cache import MemoryTier
 from rag.types import Chunk, Hits, QAItem, RagError
 
-_MEMO_SIZE = 50_000  # texts; ~1.5 KB each for a 384-d model
-_memo: "OrderedDict[tuple[str, str], np.ndarray]" = OrderedDict()
+class MemoizedEncoder:
+    """The evaluation embedder's vectors, kept per text in a memory tier (rag.cache.MemoryTier,
+    table `eval_vectors`): the jobs of an in-process sweep score the same ground truths, mostly
+    the same chunks, and (when only retrieval settings downstream of the contexts change) the same
+    answers and contexts, and re-encoding them was the floor of every job's cost. Without a tier
+    (a single scoring call) texts are still encoded once each."""
 
+    def __init__(self, embedder: Any, memory: MemoryTier | None = None):
+        self.embedder = embedder
+        self.memory = memory if memory is not None else MemoryTier()
+        self._model = json.dumps(embedder.id, sort_keys=True, default=str)
 
-def clear_memo() -> None:
-    _memo.clear()
-
-
-def encode_memoized(embedder: Any, texts: list[str]) -> np.ndarray:
-    """The evaluation embedder's vectors, memoized per text within the process: the jobs of an
-    in-process sweep score the same ground truths, mostly the same chunks, and (when only
-    retrieval settings downstream of the contexts change) the same answers and contexts, and
-    re-encoding them was the floor of every job's cost."""
-    model_key = json.dumps(embedder.id, sort_keys=True, default=str)
-    missing = list(dict.fromkeys(t for t in texts if (model_key, t) not in _memo))
-    if missing:
-        for t, v in zip(missing, embedder.encode(missing, show_progress=False)):
-            _memo[(model_key, t)] = v
-        while len(_memo) > _MEMO_SIZE:
-            _memo.popitem(last=False)
-    if not texts:
-        return np.zeros((0, 0), np.float32)
-    return np.stack([_memo[(model_key, t)] for t in texts])
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 0), np.float32)
+        found = {t: self.memory.get("eval_vectors", (self._model, t)) for t in dict.fromkeys(texts)}
+        missing = [t for t, v in found.items() if v is None]
+        if missing:
+            for t, v in zip(missing, self.embedder.encode(missing, show_progress=False)):
+                found[t] = self.memory.put("eval_vectors", (self._model, t), v)
+        return np.stack([found[t] for t in texts])
 
 
 RETRIEVAL_METRICS = ("recall_at_k", "mrr", "precision_at_k", "hit_at_k_id", "mrr_id") + LABEL_METRICS
@@ -84,31 +82,24 @@ def score(
     answers: list[str | None] | None = None,
     chunk_vectors: np.ndarray | None = None,
     context_texts: list[list[str]] | None = None,
+    memory: MemoryTier | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Returns (per-question records, aggregates).
 
     Grounding compares the answer with the concatenated passages the LLM was given
     (`context_texts`); without context expansion those are exactly the top-k chunks. A question
-    without a ground-truth answer (a BEIR query) gets None for the metrics that need one."""
+    without a ground-truth answer (a BEIR query) gets None for the metrics that need one.
+    `memory`: where the evaluation vectors of texts are kept between calls (MemoizedEncoder)."""
+    encode = MemoizedEncoder(eval_embedder, memory)
     k = settings.k
     top = hits.top(k)
     ids = top.ids
-    valid = ids >= 0
     n_q = len(qa)
     has_answer = np.array([item.answer is not None for item in qa], bool)
 
-    e_truth, sims = truth_similarities(qa, ids, chunks, eval_embedder, chunk_vectors)
-    rel_sim = M.relevant_by_similarity(sims, valid, settings.tau_recall)
-    doc_ids = [[chunks[r].doc_id if r >= 0 else None for r in ids[q]] for q in range(n_q)]
-    rel_id = M.relevant_by_id(doc_ids, [item.source for item in qa])
-    values: dict[str, np.ndarray] = {
-        "recall_at_k": M.recall_at_k(rel_sim),
-        "mrr": M.reciprocal_rank(rel_sim),
-        "precision_at_k": M.precision_at_k(rel_sim, k),
-    }
-    has_source = np.array([item.source is not None for item in qa])
-    values["hit_at_k_id"] = np.where(has_source, M.recall_at_k(rel_id), np.nan)
-    values["mrr_id"] = np.where(has_source, M.reciprocal_rank(rel_id), np.nan)
+    e_truth, sims = truth_similarities(qa, ids, chunks, encode, chunk_vectors)
+    rel_sim = M.relevant_by_similarity(sims, ids >= 0, settings.tau_recall)
+    values = retrieval_values(qa, ids, chunks, rel_sim, k)
     ranked = [[chunks[int(r)] for r in ids[q] if r >= 0] for q in range(n_q)]
     label_values, grades = label_metrics(qa, ranked, k)
     values.update(label_values)
@@ -117,20 +108,7 @@ def score(
         context_texts = [[chunks[r].text for r in ids[q] if r >= 0] for q in range(n_q)]
     contexts = [settings.context_separator.join(texts) for texts in context_texts]
     if answers is not None:
-        # Questions without an answer (None: outside the answered sample) get no answer metrics;
-        # questions without a ground truth get grounding only.
-        answered = [q for q, a in enumerate(answers) if a is not None]
-        for m in ANSWER_METRICS:
-            values[m] = np.full(n_q, np.nan)
-        if answered:
-            e_answer = encode_memoized(eval_embedder, [answers[q] for q in answered])
-            e_context = encode_memoized(eval_embedder, [contexts[q] for q in answered])
-            grounded = M.grounding(e_answer, e_context)
-            values["grounding"][answered] = grounded
-            if e_truth is not None:
-                gt = M.answer_gt_similarity(e_answer, e_truth[answered])
-                values["answer_gt"][answered] = gt
-                values["hallucination"][answered] = M.hallucination(gt, grounded, settings.tau_h)
+        values.update(answer_values(answers, contexts, e_truth, encode, settings.tau_h))
     for m in SIMILARITY_METRICS + ("hallucination",):
         if m in values:
             values[m] = np.where(has_answer, values[m], np.nan)
@@ -172,8 +150,43 @@ def score(
     return records, aggregates
 
 
+def retrieval_values(qa: list[QAItem], ids: np.ndarray, chunks: list[Chunk], rel_sim: np.ndarray,
+                     k: int) -> dict[str, np.ndarray]:
+    """The seed's similarity metrics and the metrics by source id, per question."""
+    doc_ids = [[chunks[r].doc_id if r >= 0 else None for r in ids[q]] for q in range(len(qa))]
+    rel_id = M.relevant_by_id(doc_ids, [item.source for item in qa])
+    has_source = np.array([item.source is not None for item in qa])
+    return {
+        "recall_at_k": M.recall_at_k(rel_sim),
+        "mrr": M.reciprocal_rank(rel_sim),
+        "precision_at_k": M.precision_at_k(rel_sim, k),
+        "hit_at_k_id": np.where(has_source, M.recall_at_k(rel_id), np.nan),
+        "mrr_id": np.where(has_source, M.reciprocal_rank(rel_id), np.nan),
+    }
+
+
+def answer_values(answers: list[str | None], contexts: list[str], e_truth: np.ndarray | None,
+                  encode: MemoizedEncoder, tau_h: float) -> dict[str, np.ndarray]:
+    """answer-GT, grounding and hallucination per question. Questions without an answer (None:
+    outside the answered sample) get none of them; questions without a ground truth get
+    grounding only."""
+    values = {m: np.full(len(answers), np.nan) for m in ANSWER_METRICS}
+    answered = [q for q, a in enumerate(answers) if a is not None]
+    if not answered:
+        return values
+    e_answer = encode([answers[q] for q in answered])
+    e_context = encode([contexts[q] for q in answered])
+    grounded = M.grounding(e_answer, e_context)
+    values["grounding"][answered] = grounded
+    if e_truth is not None:
+        gt = M.answer_gt_similarity(e_answer, e_truth[answered])
+        values["answer_gt"][answered] = gt
+        values["hallucination"][answered] = M.hallucination(gt, grounded, tau_h)
+    return values
+
+
 def truth_similarities(
-    qa: list[QAItem], ids: np.ndarray, chunks: list[Chunk], eval_embedder: Any, chunk_vectors: np.ndarray | None
+    qa: list[QAItem], ids: np.ndarray, chunks: list[Chunk], encode: MemoizedEncoder, chunk_vectors: np.ndarray | None
 ) -> tuple[np.ndarray | None, np.ndarray]:
     """The ground truths' vectors (a zero row for a question without an answer; None when no
     question has one) and sim(E(chunk), E(G)) per retrieved slot (-1 for empty slots and for
@@ -182,7 +195,7 @@ def truth_similarities(
     has_answer = np.array([item.answer is not None for item in qa], bool)
     e_truth: np.ndarray | None = None
     if has_answer.any():
-        e_truth = encode_memoized(eval_embedder, [item.answer for item in qa if item.answer is not None])
+        e_truth = encode([item.answer for item in qa if item.answer is not None])
         if not has_answer.all():
             full = np.zeros((len(qa), e_truth.shape[1]), e_truth.dtype)
             full[has_answer] = e_truth
@@ -193,7 +206,7 @@ def truth_similarities(
     elif chunk_vectors is not None:
         row_vecs = np.asarray(chunk_vectors[rows], np.float32)
     else:
-        row_vecs = encode_memoized(eval_embedder, [chunks[r].text for r in rows])
+        row_vecs = encode([chunks[r].text for r in rows])
     pos = {int(r): i for i, r in enumerate(rows)}
     sims = np.full(ids.shape, -1.0)
     for q in range(len(qa)):

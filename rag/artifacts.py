@@ -1,27 +1,43 @@
-"""The cached artifacts built from one chunk set: vectors, vector indexes, BM25 indexes.
+"""The one owner of a run's cached data artifacts: corpus, chunks, vectors, index, bm25, answers.
 
-Each is keyed by the chunk set's key plus the settings that determine it (see rag/cache.py), so
-changing fusion, k or the reranker reuses them, while a new chunking or embedder builds anew.
+Each kind has one method of `Artifacts` that names its key inputs, builds the payload on a miss,
+loads it on a hit, notes (key, hit) in `record` (a report for metrics.json, never read back) and
+returns what it made. Keys chain: chunks are keyed by the chunker settings and the sliced corpus's
+content, vectors by the embedder and the chunks' key, an index by its settings and the vectors'
+key, so changing fusion, k or the reranker reuses everything while a new chunking or embedder
+builds anew (rag/cache.py has the rules; docs/architecture.md the table). Model artifacts (the
+ONNX export, the LLM's conversion, the cross-encoder) are built by the components that hold the
+models, through the same cache (`use_cache`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from rag.bm25 import BM25Index
 from rag.cache import ArtifactCache, make_key
+from rag.corpus.slicing import check_questions, check_unique_ids, content_fingerprint
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 from rag.index import VectorIndex
+from rag.llm import NoGenerator
+from rag.llm.answer_cache import generate_resumable, prompt_inputs, usage_totals
 from rag.timing import StageTimer
-from rag.types import Chunk, RagError
+from rag.types import Chunk, Context, Document, QAItem, RagError
 
 log = logging.getLogger(__name__)
 
+DOCS_FILE = "docs.jsonl"
+CHUNKS_FILE = "chunks.jsonl"
 VECTORS_FILE = "vectors.npy"
+ANSWERS_FILE = "answers.json"
 # Encoding in blocks bounds the memory of one step and shows progress on large corpora.
 ENCODE_BLOCK = 8192
 
@@ -62,10 +78,24 @@ class ChunkSet:
         return len(self.chunks)
 
 
-class Artifacts:
-    """Builds or loads the artifacts of one chunk set, recording hits and stage times."""
+@dataclass
+class Answers:
+    """Generated answers with each question's generation time and how they were obtained."""
 
-    def __init__(self, cache: ArtifactCache, chunk_set: ChunkSet, timer: StageTimer | None = None):
+    answers: list[str]
+    latency_ms: np.ndarray
+    key: str
+    hit: bool  # from the cache: timed by the run that generated them, not by this one
+    details: list[dict[str, Any]] | None  # per answer (llm=openai: token usage, finish reason, model)
+    requests: int  # requests this run sent
+    resumed: int  # answers taken from records of an earlier, interrupted run
+
+
+class Artifacts:
+    """Builds or loads the run's artifacts through `cache`, recording hits and stage times.
+    `chunk_set` is set by `chunks()` (or given, by callers that made their own chunks)."""
+
+    def __init__(self, cache: ArtifactCache, chunk_set: ChunkSet | None = None, timer: StageTimer | None = None):
         self.cache = cache
         self.chunk_set = chunk_set
         self.timer = timer or StageTimer()
@@ -75,6 +105,53 @@ class Artifacts:
         # The first use is the one that says whether this run built the artifact; later reuses
         # within the same run (e.g. by the evaluation) are hits by construction.
         self.record.setdefault(kind, {"key": key, "hit": hit})
+
+    # -- corpus and questions ----------------------------------------------------------------
+
+    def inputs(self, corpus: Any, questions: Any) -> tuple[list[Document], list[str], list[QAItem]]:
+        """(all documents, skipped inputs, all questions), parsed once per process per inputs'
+        fingerprints (file listings, sizes and mtimes, computed anew by every job, so a changed
+        file is read anew)."""
+        memo_key = make_key("inputs", {"corpus": corpus.fingerprint(), "qa": questions.fingerprint()})
+        found = self.cache.memory.get("inputs", memo_key)
+        if found is not None:
+            return found
+        docs, skipped = load_corpus(corpus, self.cache)
+        qa = questions.load()
+        check_questions(qa, docs)
+        return self.cache.memory.put("inputs", memo_key, (docs, skipped, qa))
+
+    # -- chunks --------------------------------------------------------------------------------
+
+    def chunks(self, chunker: Any, chunker_cfg: dict[str, Any], docs: list[Document]) -> ChunkSet:
+        """The chunks of `docs`, keyed by the chunker's settings and the documents' content."""
+        corpus_fp = content_fingerprint(docs)
+        key = make_key("chunks", chunker_cfg, {"corpus": corpus_fp})
+        known = self.cache.memory.get("chunks", key)
+        if known is not None and self.cache.lookup("chunks", key) is not None:
+            self.chunk_set = known
+            self._note("chunks", key, True)
+            return known
+
+        def build(tmp: Path) -> dict[str, Any]:
+            n = 0
+            with open(tmp / CHUNKS_FILE, "w", encoding="utf-8") as f:
+                for doc in tqdm(docs, desc="chunking", unit="doc", mininterval=2.0, leave=False):
+                    for c in chunker.split(doc):
+                        f.write(json.dumps(c.to_json(), ensure_ascii=False) + "\n")
+                        n += 1
+            if n == 0:
+                raise RagError("chunker produced no chunks: every document is empty")
+            return {"n_chunks": n}
+
+        art = self.cache.get_or_build("chunks", key, build, inputs={"chunker": chunker_cfg, "corpus": corpus_fp})
+        with open(art.file(CHUNKS_FILE), encoding="utf-8") as f:
+            chunks = [Chunk.from_json(json.loads(line)) for line in f]
+        self.chunk_set = self.cache.memory.put("chunks", key, ChunkSet(key, chunks))
+        self._note("chunks", key, art.hit)
+        return self.chunk_set
+
+    # -- vectors, indexes ------------------------------------------------------------------------
 
     def vectors_key(self, embedder: SentenceTransformerEmbedder) -> str:
         return make_key("vectors", embedder.id, {"chunks": self.chunk_set.key})
@@ -94,7 +171,8 @@ class Artifacts:
             raise RagError(f"cached vectors {art.path} hold {vecs.shape[0]} rows for {len(self.chunk_set)} chunks")
         return vecs
 
-    def vector_index(self, embedder: SentenceTransformerEmbedder, index: VectorIndex) -> VectorIndex:
+    def vector_index(self, embedder: SentenceTransformerEmbedder, index: VectorIndex) -> tuple[VectorIndex, str]:
+        """`index` built over the embedder's vectors (or loaded), and its key."""
         vectors = self.vectors(embedder)
         key = make_key("index", index.params, {"vectors": self.vectors_key(embedder)})
 
@@ -108,16 +186,17 @@ class Artifacts:
             if art.hit:
                 index.load(art.path)
         self._note("index", key, art.hit)
-        return index
+        return index, key
 
-    def bm25(self, bm25: BM25Index) -> BM25Index:
+    def bm25(self, bm25: BM25Index) -> tuple[BM25Index, str]:
+        """`bm25` built over the chunk texts (or loaded), and its key."""
         key = make_key("bm25", bm25.params, {"chunks": self.chunk_set.key})
         with self.timer.stage("bm25"):
             if not bm25.persistent:
                 # rank_bm25 has no file format; it is rebuilt in memory (it is the slow reference).
                 bm25.build(self.chunk_set.texts)
                 self._note("bm25", key, False)
-                return bm25
+                return bm25, key
 
             def build(tmp: Path) -> dict:
                 bm25.build(self.chunk_set.texts)
@@ -128,7 +207,93 @@ class Artifacts:
             if art.hit:
                 bm25.load(art.path)
         self._note("bm25", key, art.hit)
-        return bm25
+        return bm25, key
+
+    # -- answers ---------------------------------------------------------------------------------
+
+    def answers(self, generator: Any, queries: list[str], contexts: list[list[Context]]) -> Answers | None:
+        """Answers are keyed by the generator's settings and the exact prompts' inputs, so a sweep
+        that changes nothing upstream of generation (e.g. eval thresholds) reuses them, and any
+        change in the contexts generates anew. A resumable generator's answers are also recorded
+        one by one as they arrive (rag.llm.answer_cache), so a run that fails mid-way resumes.
+        None for llm=none."""
+        if isinstance(generator, NoGenerator):
+            return None
+        key = answers_key(generator, queries, contexts)
+        art = self.cache.get_or_build("answers", key, lambda tmp: self._generate(generator, queries, contexts, tmp),
+                                      inputs={"generator": generator.id})
+        self._note("answers", key, art.hit)
+        data = json.loads(art.file(ANSWERS_FILE).read_text())
+        return Answers(data["answers"], np.asarray(data["latency_ms"], float), key, art.hit, data.get("details"),
+                       requests=0 if art.hit else int(art.manifest.get("requests", 0)),
+                       resumed=len(queries) if art.hit else int(art.manifest.get("resumed", 0)))
+
+    def _generate(self, generator: Any, queries: list[str], contexts: list[list[Context]], tmp: Path) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        details, counts = None, {}
+        if getattr(generator, "resumable", False):
+            details, counts = generate_resumable(generator, queries, contexts, self.cache, self.timer)
+            answers = [d.pop("answer") for d in details]
+        else:
+            with self.timer.stage("load_models"):
+                generator.warm_up()
+            t0 = time.perf_counter()
+            with self.timer.stage("generate"):
+                answers = generator.generate(queries, contexts)
+        seconds = time.perf_counter() - t0
+        if answers is None or len(answers) != len(queries):
+            raise RagError(f"llm {type(generator).__name__} returned {0 if answers is None else len(answers)} "
+                           f"answers for {len(queries)} questions")
+        empty = sum(1 for a in answers if not a.strip())
+        if empty:
+            log.warning("llm returned %d empty answer(s); they are scored as empty strings", empty)
+        if details is not None:  # requests: each its own wall time
+            per_q = [d.pop("latency_ms") for d in details]
+        else:  # batches: each question is charged its batch's share of the time
+            per_q = getattr(generator, "last_latencies_ms", None) or [1000.0 * seconds / len(queries)] * len(queries)
+        payload = {"answers": answers, "latency_ms": list(per_q), **({"details": details} if details is not None else {})}
+        (tmp / ANSWERS_FILE).write_text(json.dumps(payload, ensure_ascii=False))
+        usage = {"usage": usage_totals(details)} if details is not None else {}
+        return {"n": len(answers), "empty": empty, "seconds": round(seconds, 3), **counts, **usage}
+
+
+def answers_key(generator: Any, queries: list[str], contexts: list[list[Context]]) -> str:
+    h = hashlib.sha256()
+    for query, ctx in zip(queries, contexts):
+        h.update(prompt_inputs(query, ctx).encode())
+    return make_key("answers", generator.id, {"inputs": h.hexdigest()})
+
+
+def load_corpus(corpus: Any, cache: ArtifactCache) -> tuple[list[Document], list[str]]:
+    """(documents, skipped inputs). Rendering man pages or walking torch's docstrings takes tens
+    of seconds, so every corpus (each part of a mixed corpus on its own) is cached as docs.jsonl
+    under the key of its `fingerprint()`."""
+    parts = getattr(corpus, "parts", None)
+    if parts:
+        docs: list[Document] = []
+        skipped: list[str] = []
+        for part in parts:
+            d, s = load_corpus(part, cache)
+            docs.extend(d)
+            skipped.extend(s)
+        check_unique_ids([d.id for d in docs], "corpus")
+        return docs, skipped
+
+    fingerprint = corpus.fingerprint()
+    key = make_key("corpus", fingerprint)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        loaded = corpus.load()
+        with open(tmp / DOCS_FILE, "w", encoding="utf-8") as f:
+            for d in loaded:
+                f.write(json.dumps(d.to_json(), ensure_ascii=False) + "\n")
+        return {"n_docs": len(loaded), "skipped": list(getattr(corpus, "skipped", []) or [])}
+
+    art = cache.get_or_build("corpus", key, build, inputs=fingerprint)
+    with open(art.file(DOCS_FILE), encoding="utf-8") as f:
+        docs = [Document.from_json(json.loads(line)) for line in f]
+    log.info("corpus %s: %d documents (%s)", type(corpus).__name__, len(docs), "cached" if art.hit else "built")
+    return docs, list(art.manifest.get("skipped", []))
 
 
 def encode_to_npy(embedder: SentenceTransformerEmbedder, texts: list[str], path: Path) -> dict:

@@ -66,11 +66,12 @@ def split_words(words: list[str]) -> tuple[str, list[str]]:
 
 def answer(session: Any, question: str, corpus: str | None = None) -> dict[str, Any]:
     """One question through retrieve -> rerank -> contexts -> generate, timed per stage."""
+    from rag.query import retrieve_rerank
+
     filters = session.retriever.filters_for([corpus], [question])  # mode=router routes the text, not --corpus
-    fused, retrieve_ms = session.retriever.search_timed([question], session.depth, filters)
-    t0 = time.perf_counter()
-    hits = session.reranker.rerank([question], fused, session.chunk_set.chunks, session.settings.k)
-    rerank_ms = 1000 * (time.perf_counter() - t0)
+    hits, retrieve_ms, rerank_ms = retrieve_rerank(session.retriever, session.reranker, question, filters[0],
+                                                   session.depth, session.chunk_set.chunks, session.settings.k,
+                                                   reuse=False)
     contexts = session.context_builder.build(hits, session.chunk_set)[0]
     t0 = time.perf_counter()
     answers = session.generator.generate([question], [contexts])
@@ -84,7 +85,7 @@ def answer(session: Any, question: str, corpus: str | None = None) -> dict[str, 
              "score": scores.get(c.chunk_rows[0]), "text": c.text}
             for c in contexts
         ],
-        "latency_ms": {"retrieve": float(retrieve_ms[0]), "rerank": rerank_ms,
+        "latency_ms": {"retrieve": retrieve_ms, "rerank": rerank_ms,
                        "generate": generate_ms if answers is not None else 0.0},
     }
 
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def ask(question: str, overrides: list[str], corpus: str | None, interactive: bool) -> int:
     register_resolvers()
-    from rag.pipeline import open_session
+    from rag.session import open_session
 
     try:
         try:

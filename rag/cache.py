@@ -5,6 +5,12 @@ An artifact (rendered corpus, chunks, vectors, index, BM25 index) is a directory
 everything that determines the artifact: the config subset that builds it plus the keys of the
 artifacts it is built from, so a change upstream changes every key downstream and nothing else.
 
+Loaded artifacts and a few derived results also live in a memory tier (`ArtifactCache.memory`)
+shared by every cache object of the same root in one process: the jobs of a sweep that Hydra's
+basic launcher (or a benchmark) runs in one process parse the same corpus, read the same chunks,
+search the same candidates and score the same texts, and doing it again per job was most of a
+warm job's cost. It holds values, never timings, and is keyed by what determines each value.
+
 Writes are atomic: the builder fills `<root>/<kind>/tmp-<pid>-<rand>/`, a manifest with per-file
 checksums is added, and the directory is renamed into place. A file lock (`fcntl.flock`) per key
 makes parallel jobs that need the same artifact build it once; the others wait and reuse it.
@@ -21,7 +27,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,10 +95,53 @@ class Artifact:
 _STORAGE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST}
 
 
+class MemoryTier:
+    """Per-process values by (table, key), least recently used first out, each table with its own
+    size limit (`LIMITS`: entries). `clear()` gives a benchmark its "fresh process"."""
+
+    LIMITS = {
+        "inputs": 4,            # parsed corpora and question sets
+        "chunks": 4,            # chunk sets
+        "candidates": 200_000,  # one question's candidate list (a few hundred bytes)
+        "eval_vectors": 50_000, # the evaluation embedder's vector of one text (~1.5 KB)
+    }
+
+    def __init__(self) -> None:
+        self._tables: dict[str, OrderedDict[Hashable, Any]] = {}
+
+    def get(self, table: str, key: Hashable) -> Any | None:
+        t = self._tables.get(table)
+        if t is None or key not in t:
+            return None
+        t.move_to_end(key)
+        return t[key]
+
+    def put(self, table: str, key: Hashable, value: Any) -> Any:
+        t = self._tables.setdefault(table, OrderedDict())
+        t[key] = value
+        t.move_to_end(key)
+        while len(t) > self.LIMITS.get(table, 1000):
+            t.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        self._tables.clear()
+
+
+_MEMORY: dict[Path, MemoryTier] = {}
+
+
+def clear_memory() -> None:
+    """Forget every memory tier of this process."""
+    for tier in _MEMORY.values():
+        tier.clear()
+
+
 class ArtifactCache:
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
         check_cache_root(self.root)
+        self.memory = _MEMORY.setdefault(self.root.absolute(), MemoryTier())
 
     def path(self, kind: str, key: str) -> Path:
         return self.root / kind / key

@@ -1,14 +1,14 @@
 """Per-question latency, measured by the job that reports it.
 
-A run retrieves every question through the in-process candidate memo (rag.retriever), so the jobs
+A run retrieves every question through the candidates kept in memory (rag.retriever), so the jobs
 of a sweep that differ only downstream of retrieval search once. Their latencies must not come
-from that memo: a number measured by the job that filled it, copied into every later job, is what
+from that memory: a number measured by the job that filled it, copied into every later job, is what
 made a 3x3 chunk x alpha sweep report one noisy figure per chunk size. So each run times a
 sample of its questions again, after the main pass:
 
 - warm: `warmup` questions are searched and reranked first, untimed (code paths, allocator,
   filter masks and FAISS selectors, the query encoder's first call);
-- fresh: every timed search bypasses the memo (`Retriever.search_timed`);
+- fresh: every timed search searches anew (`rag.query.retrieve_rerank(..., reuse=False)`);
 - repeated: each sampled question `repeats` times; its latency is the median of its repeats;
 - reported as the median and 95th percentile over the sampled questions, with the sample size,
   repeats and warm-up written beside them (`latency_method` in metrics.json).
@@ -23,13 +23,13 @@ run that made them, so no generation latency is reported for them.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rag.types import Hits, RagError
+from rag.query import retrieve_rerank
+from rag.types import RagError
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,7 @@ def measure(retriever: Any, reranker: Any, queries: list[str], filters: list[Any
     rows = sample_rows(len(queries), settings.sample)
 
     def once(i: int) -> tuple[float, float]:
-        fused, ms = retriever.search_timed([queries[i]], depth, [filters[i]])
-        t0 = time.perf_counter()
-        reranker.rerank([queries[i]], Hits(fused.ids[:1], fused.scores[:1]), chunks, k)
-        return float(ms[0]), 1000.0 * (time.perf_counter() - t0)
+        return retrieve_rerank(retriever, reranker, queries[i], filters[i], depth, chunks, k, reuse=False)[1:]
 
     for i in rows[: settings.warmup]:
         once(int(i))

@@ -17,7 +17,7 @@ from rag.corpus.base import as_path, claim_id, file_fingerprint, iter_jsonl, str
 from rag.corpus.beir import BeirQuestions
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
 from rag.corpus.pubmedqa import document_text, load_pubmedqa, pmid_id
-from rag.documents import slice_questions
+from rag.corpus.slicing import slice_questions
 from rag.types import QAItem, RagError, Relevance
 
 __all__ = ["BeirQuestions", "JsonlQuestions", "MixedQuestions", "PubMedQAQuestions", "parse_relevant"]
@@ -51,7 +51,7 @@ def _slice_setting(exclude_slice: Mapping[str, Any] | None) -> dict[str, int] | 
 
 def split_hash(question_id: str, seed: int) -> float:
     """The question's place in [0, 1) under `seed`. The same seeded SHA-256 as the slice's stable
-    order (rag.documents), so that the questions a slice keeps first are the ones with the
+    order (rag.corpus.slicing), so that the questions a slice keeps first are the ones with the
     smallest values: a slice of the test part, with the same seed, is the slice of the whole set
     whenever the test part holds at least as many questions as the slice keeps."""
     return int(hashlib.sha256(f"{seed}:{question_id}".encode()).hexdigest(), 16) / float(1 << 256)

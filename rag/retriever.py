@@ -4,17 +4,17 @@ A retriever is built by Hydra from `conf/retriever/*.yaml`, then `prepare(artifa
 loads what it searches (through the artifact cache), then `search(queries, n, filters)` returns
 `Hits` over chunk rows. `filters[q]` is the set of source tags question q may see, or None.
 
-`search_each` answers one question at a time, as a served system would. Dense and BM25
-candidates are memoized in-process by everything that determines them (artifact keys, query,
-filter, depth), so the jobs of a sweep over fusion settings (run in one process by Hydra's basic
-launcher, or by a benchmark) search once and fuse per job. The memo holds hits, never times:
-`search_timed` always searches anew and times each question, so a latency is measured by the
-job that reports it (rag.pipeline.measure_latency), not copied from the job that filled the memo.
+`search_one` answers one question, as a served system would (rag.query runs every question of a
+run that way). Dense and BM25 candidates are kept in the artifact cache's memory tier (table
+`candidates`) under everything that determines them (artifact keys, query, filter, depth), so
+the jobs of a sweep over fusion settings (run in one process by Hydra's basic launcher, or by a
+benchmark) search once and fuse per job. The tier holds hits, never times: a timed search passes
+`reuse=False` and searches anew, so a latency is measured by the job that reports it.
 """
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -28,14 +28,6 @@ from rag.routing import Router
 from rag.types import Document, Hits, RagError
 
 SourceFilter = frozenset[str] | None
-
-_MEMO_SIZE = 200_000  # per-query candidate lists; a few hundred bytes each
-_memo: OrderedDict[tuple, Hits] = OrderedDict()
-
-
-def clear_memo() -> None:
-    _memo.clear()
-
 
 class Retriever:
     def __init__(self, source_filter: Any = None) -> None:
@@ -114,6 +106,13 @@ class Retriever:
         """Load what searching needs (e.g. the query encoder) so that timed searches measure
         search, not model loading."""
 
+    def use_cache(self, cache: Any) -> None:
+        """The session's artifact cache, for the models of the parts that hold one (an embedder
+        exported to ONNX builds its export there)."""
+        for part in vars(self).values():
+            if part is not self and hasattr(part, "use_cache"):
+                part.use_cache(cache)
+
     def _allowed(self, f: SourceFilter) -> np.ndarray | None:
         if self._artifacts is None:
             raise RuntimeError(f"{type(self).__name__} used before prepare()")
@@ -133,45 +132,24 @@ class Retriever:
             out.scores[qs, :w] = hits.scores[:, :w]
         return out
 
-    def search_each(self, queries: list[str], n: int, filters: list[SourceFilter] | None = None) -> Hits:
-        """One query at a time, reusing candidates memoized by earlier searches in this process."""
-        filters = filters or [None] * len(queries)
-        out = Hits.empty(len(queries), n)
-        for q, (query, f) in enumerate(zip(queries, filters)):
-            hits = self._search_one(query, n, f, True)
-            w = min(n, hits.width)
-            out.ids[q, :w] = hits.ids[0, :w]
-            out.scores[q, :w] = hits.scores[0, :w]
+    def search_one(self, query: str, n: int, f: SourceFilter = None, reuse: bool = True) -> Hits:
+        """One query's top `n` (a row of width n, -1 past the last hit). `reuse`: take candidates
+        that an earlier search in this process kept (never for a timed search)."""
+        hits = self._search_one(query, n, f, reuse)
+        out = Hits.empty(1, n)
+        w = min(n, hits.width)
+        out.ids[0, :w], out.scores[0, :w] = hits.ids[0, :w], hits.scores[0, :w]
         return out
-
-    def search_timed(self, queries: list[str], n: int, filters: list[SourceFilter] | None = None) -> tuple[Hits, np.ndarray]:
-        """One query at a time, each searched now (never from the memo) and timed; returns the
-        hits and each query's latency in milliseconds."""
-        filters = filters or [None] * len(queries)
-        out = Hits.empty(len(queries), n)
-        ms = np.zeros(len(queries))
-        for q, (query, f) in enumerate(zip(queries, filters)):
-            t0 = time.perf_counter()
-            hits = self._search_one(query, n, f, False)
-            ms[q] = 1000.0 * (time.perf_counter() - t0)
-            w = min(n, hits.width)
-            out.ids[q, :w] = hits.ids[0, :w]
-            out.scores[q, :w] = hits.scores[0, :w]
-        return out, ms
 
     def _search_one(self, query: str, n: int, f: SourceFilter, reuse: bool) -> Hits:
         signature = self._signature()
-        key = (signature, query, n, f)
-        if reuse and signature is not None and key in _memo:
-            _memo.move_to_end(key)
-            return _memo[key]
-        hits = self._search([query], n, self._allowed(f))
-        if signature is not None:
-            _memo[key] = hits
-            _memo.move_to_end(key)
-            if len(_memo) > _MEMO_SIZE:
-                _memo.popitem(last=False)
-        return hits
+        if signature is None:
+            return self._search([query], n, self._allowed(f))
+        memory, key = self._artifacts.cache.memory, (signature, query, n, f)
+        found = memory.get("candidates", key) if reuse else None
+        if found is not None:
+            return found
+        return memory.put("candidates", key, self._search([query], n, self._allowed(f)))
 
     def _signature(self) -> tuple | None:
         """Everything that determines this retriever's candidates, or None (never memoized)."""
@@ -189,8 +167,7 @@ class DenseRetriever(Retriever):
         self.routed_vectors: dict[str, np.ndarray] = {}  # query -> vector the router just encoded
 
     def _prepare(self, artifacts: Artifacts) -> None:
-        artifacts.vector_index(self.embedder, self.index)
-        self._index_key = artifacts.record["index"]["key"]
+        self._index_key = artifacts.vector_index(self.embedder, self.index)[1]
 
     def _dense_part(self) -> "DenseRetriever | None":
         return self
@@ -229,8 +206,7 @@ class BM25Retriever(Retriever):
         self._key: str | None = None
 
     def _prepare(self, artifacts: Artifacts) -> None:
-        artifacts.bm25(self.bm25)
-        self._key = artifacts.record["bm25"]["key"]
+        self._key = artifacts.bm25(self.bm25)[1]
 
     def warm_up(self) -> None:
         self.bm25.search(["warm-up"], 1)

@@ -23,5 +23,10 @@ class StageTimer:
             self.seconds[name] = self.seconds.get(name, 0.0) + dt
             log.info("stage %-10s %8.2f s", name, dt)
 
+    def add(self, name: str, seconds: float) -> None:
+        """Time spent in a stage that runs interleaved with another (one question at a time)."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        log.info("stage %-10s %8.2f s", name, seconds)
+
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 3) for k, v in self.seconds.items()}

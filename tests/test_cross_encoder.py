@@ -3,7 +3,6 @@ trained model (a tiny real training run). The training data itself: tests/test_r
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -241,11 +240,11 @@ def test_default_config_builds_the_reranker(tmp_path: Path):
     from hydra import compose, initialize_config_dir
 
     from rag.config import PROJECT_ROOT
-    from rag.pipeline import build
+    from rag.session import create
 
     with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["reranker=cross_encoder", f"paths.cache={tmp_path}"])
-    r = build(cfg.reranker)
+    r = create(cfg.reranker)
     assert isinstance(r, CrossEncoderReranker) and r.model_name == "trained:"
     assert hasattr(r.train["corpus"], "parts")
     assert r.train["labelled"].split.part == "train"

@@ -20,7 +20,7 @@ from rag.artifacts import Artifacts
 from rag.cache import ArtifactCache
 from rag.config import PROJECT_ROOT
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
-from rag.pipeline import build
+from rag.session import create
 from rag.types import RagError
 from tests.test_sweeps import ENV, multirun, sweep_overrides, tiny  # noqa: F401 (tiny: the sweeps' corpus fixture)
 
@@ -218,7 +218,7 @@ def compose(overrides: list[str]):
 
 def test_ray_embedder_has_the_local_embedders_cache_key():
     pytest.importorskip("ray")
-    on_ray, local = build(compose(["embedder=minilm_ray"]).embedder), build(compose(["embedder=minilm_torch"]).embedder)
+    on_ray, local = create(compose(["embedder=minilm_ray"]).embedder), create(compose(["embedder=minilm_torch"]).embedder)
     assert type(on_ray).__name__ == "RayDataEmbedder" and isinstance(on_ray, SentenceTransformerEmbedder)
     assert on_ray.id == local.id
     chunks = Artifacts(ArtifactCache("unused"), chunk_set_of(["a", "b"]))
@@ -252,14 +252,14 @@ def test_small_inputs_are_encoded_locally_without_contacting_ray():
 def test_bad_ray_settings_fail_with_one_line(override, message):
     pytest.importorskip("ray")
     with pytest.raises(RagError) as e:
-        build(compose(["embedder=minilm_ray", "embedder.device=cpu", override]).embedder)
+        create(compose(["embedder=minilm_ray", "embedder.device=cpu", override]).embedder)
     assert str(e.value) == message
 
 
 def test_missing_ray_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` finds where it is not installed
     with pytest.raises(RagError) as e:
-        build(compose(["embedder=minilm_ray", "embedder.device=cpu"]).embedder)
+        create(compose(["embedder=minilm_ray", "embedder.device=cpu"]).embedder)
     assert str(e.value) == ("embedder engine ray needs ray[data] (module 'ray' is missing): "
                             'pip install -e ".[distributed]"')
 

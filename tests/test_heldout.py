@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hydra.utils import instantiate
 
-from rag.documents import slice_questions
+from rag.corpus.slicing import slice_questions
 from rag.qa import JsonlQuestions
 
 ROOT = Path(__file__).resolve().parents[1]

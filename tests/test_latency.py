@@ -1,5 +1,5 @@
-"""Latency is measured by the run that reports it: candidates may come from the in-process memo,
-times never do (rag/latency.py, rag/retriever.py)."""
+"""Latency is measured by the run that reports it: candidates may come from the cache's memory
+tier, times never do (rag/latency.py, rag/query.py, rag/retriever.py)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from rag import latency
-from rag.pipeline import clear_memos, run
-from rag.retriever import Retriever, clear_memo
+from rag.cache import ArtifactCache, clear_memory
+from rag.pipeline import run
+from rag.query import retrieve_rerank
+from rag.retriever import Retriever
 from rag.types import Hits, RagError
 from tests.conftest import tiny_overrides
 
@@ -17,10 +19,10 @@ from tests.conftest import tiny_overrides
 class CountingRetriever(Retriever):
     """Searches nothing real; counts how often it is asked to search."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: ArtifactCache) -> None:
         super().__init__()
         self.calls = 0
-        self._artifacts = object()  # prepared
+        self._artifacts = type("Prepared", (), {"cache": cache})()
 
     def _allowed(self, f):
         return None
@@ -33,14 +35,21 @@ class CountingRetriever(Retriever):
         return Hits(np.zeros((len(queries), n), np.int64), np.ones((len(queries), n), np.float32))
 
 
-def test_memo_serves_candidates_but_timed_searches_always_search():
-    clear_memo()
-    r = CountingRetriever()
-    r.search_each(["a", "b"], 3)
-    r.search_each(["a", "b"], 3)
-    assert r.calls == 2  # the second pass came from the memo
-    _, ms = r.search_timed(["a", "b"], 3)
-    assert r.calls == 4 and ms.shape == (2,)  # timed: searched anew
+class NoRerank:
+    def rerank(self, queries, hits, chunks, k):
+        return hits
+
+
+def test_kept_candidates_serve_later_searches_but_timed_searches_always_search(tmp_path):
+    r = CountingRetriever(ArtifactCache(tmp_path))
+    for _ in range(2):
+        for q in ("a", "b"):
+            r.search_one(q, 3)
+    assert r.calls == 2  # the second pass came from the memory tier
+    for q in ("a", "b"):
+        hits, retrieve_ms, rerank_ms = retrieve_rerank(r, NoRerank(), q, None, 3, [], 3, reuse=False)
+        assert retrieve_ms > 0 and rerank_ms >= 0 and hits.width == 3
+    assert r.calls == 4  # timed: searched anew
 
 
 def test_sample_is_spread_over_the_questions():
@@ -50,13 +59,8 @@ def test_sample_is_spread_over_the_questions():
     assert len(latency.sample_rows(5, 0)) == 0  # latency off
 
 
-def test_measure_repeats_each_sampled_question_after_a_warmup():
-    class NoRerank:
-        def rerank(self, queries, hits, chunks, k):
-            return hits
-
-    clear_memo()
-    r = CountingRetriever()
+def test_measure_repeats_each_sampled_question_after_a_warmup(tmp_path):
+    r = CountingRetriever(ArtifactCache(tmp_path))
     settings = latency.LatencySettings(sample=4, repeats=3, warmup=2)
     rows, ms, method = latency.measure(r, NoRerank(), [f"q{i}" for i in range(10)], [None] * 10, 5, [], 5, settings)
     assert r.calls == 2 + 4 * 3
@@ -73,9 +77,8 @@ def test_bad_latency_settings_are_one_line():
 
 def test_each_run_of_a_sweep_measures_its_own_latency(tiny_files, compose_cfg):
     """Two runs in one process that differ only in fusion: the second gets its candidates from the
-    memo, yet reports latencies it timed itself, and says how."""
-    clear_memo()
-    clear_memos()
+    cache's memory tier, yet reports latencies it timed itself, and says how."""
+    clear_memory()
     base = tiny_overrides(tiny_files) + ["retriever=hybrid", "fusion=weighted", "eval.latency.sample=4",
                                          "eval.latency.repeats=2"]
     docs = []

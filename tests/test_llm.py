@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from rag.pipeline import build
+from rag.session import create
 import torch
 from hydra.utils import instantiate
 
@@ -120,7 +120,7 @@ def test_4bit_config_without_cuda_fails_in_one_line_before_loading(compose_cfg, 
     cfg = compose_cfg(["llm=qwen2_5_1_5b_4bit", f"paths.cache={tmp_path}"])
     # It fails when the component is built, at start-up, before any stage runs or loads anything.
     with pytest.raises(RagError) as e:
-        build(cfg.llm)
+        create(cfg.llm)
     assert str(e.value) == llm_module.NO_CUDA_4BIT
     assert "\n" not in str(e.value)
 
@@ -130,7 +130,7 @@ def test_4bit_config_with_cuda_but_without_bitsandbytes_names_the_extra(compose_
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # what `import bitsandbytes` finds where it is absent
     cfg = compose_cfg(["llm=qwen2_5_1_5b_4bit", f"paths.cache={tmp_path}"])
     with pytest.raises(RagError) as e:
-        build(cfg.llm)
+        create(cfg.llm)
     assert str(e.value) == 'llm.quantization=4bit needs the bitsandbytes package: pip install -e ".[gpu]"'
 
 

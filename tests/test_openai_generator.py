@@ -14,7 +14,9 @@ from rag.cache import ArtifactCache
 from rag.llm import OpenAIGenerator
 from rag.llm.answer_cache import RECORD_KIND, answer_keys
 from rag.llm.hf import render_chat
-from rag.pipeline import build, format_table, generate_cached, run
+from rag.artifacts import Artifacts
+from rag.pipeline import format_table, run
+from rag.session import create
 from rag.timing import StageTimer
 from rag.types import Context, RagError
 from tests.conftest import tiny_overrides
@@ -33,7 +35,7 @@ def test_config_uses_the_in_process_prompt(compose_cfg):
     local = compose_cfg(["llm=smollm2"]).llm
     assert served.prompt == local.prompt and served.system_prompt == local.system_prompt
     assert served.max_tokens == local.max_new_tokens and served.temperature == local.temperature
-    gen = build(served)
+    gen = create(served)
     assert isinstance(gen, OpenAIGenerator) and gen.endpoint.model == "some-model"
 
 
@@ -74,7 +76,7 @@ def test_a_failed_run_resumes_with_the_missing_answers_only(tmp_path):
     with ScriptedEndpoint(flaky) as srv:
         gen = generator(srv.base_url, concurrency=1, max_retries=1)
         with pytest.raises(RagError, match=r"failed after 2 attempts.*HTTP 503"):
-            generate_cached(gen, QUESTIONS, CONTEXTS, cache, timer)
+            Artifacts(cache, timer=timer).answers(gen, QUESTIONS, CONTEXTS)
         keys = answer_keys(gen.id, QUESTIONS, CONTEXTS)
         recorded = [cache.get_record(RECORD_KIND, k) for k in keys]
         assert sum(r is not None for r in recorded) == 2
@@ -82,15 +84,15 @@ def test_a_failed_run_resumes_with_the_missing_answers_only(tmp_path):
             p.name[0] != "." and not p.name.startswith("tmp-") for p in (tmp_path / "answers").iterdir())
         down_after["n"] = 10**9
         before = len(srv.chat_requests)
-        answers, ms, info = generate_cached(gen, QUESTIONS, CONTEXTS, cache, timer)
+        made = Artifacts(cache, timer=timer).answers(gen, QUESTIONS, CONTEXTS)
         assert len(srv.chat_requests) - before == 4, "only the four missing answers are asked for"
-    assert answers == [f"answer: {gen.prompt.build(q, c).splitlines()[-1][:60].strip()}" for q, c in zip(QUESTIONS, CONTEXTS)]
-    assert (info["requests"], info["resumed"], info["hit"]) == (4, 2, False)
-    assert [d["from_earlier_run"] for d in info["details"]].count(True) == 2
-    assert len(ms) == 6 and all(m > 0 for m in ms)
+    assert made.answers == [f"answer: {gen.prompt.build(q, c).splitlines()[-1][:60].strip()}" for q, c in zip(QUESTIONS, CONTEXTS)]
+    assert (made.requests, made.resumed, made.hit) == (4, 2, False)
+    assert [d["from_earlier_run"] for d in made.details].count(True) == 2
+    assert len(made.latency_ms) == 6 and all(m > 0 for m in made.latency_ms)
     # the whole-run artifact now answers a rerun, with no server at all
-    again = generate_cached(generator("http://127.0.0.1:9/v1", concurrency=1), QUESTIONS, CONTEXTS, cache, timer)
-    assert again[0] == answers and again[2]["hit"] and again[2]["requests"] == 0
+    again = Artifacts(cache, timer=timer).answers(generator("http://127.0.0.1:9/v1", concurrency=1), QUESTIONS, CONTEXTS)
+    assert again.answers == made.answers and again.hit and again.requests == 0
 
 
 def run_cfg(compose_cfg, tiny_files, srv, *extra: str):

@@ -150,7 +150,7 @@ def test_project_question_sets_load(name):
 
 
 def test_pubmedqa_exclude_slice_leaves_out_exactly_that_slice():
-    from rag.documents import slice_questions
+    from rag.corpus.slicing import slice_questions
 
     full = PubMedQAQuestions(PUBMEDQA).load()
     picked = {q.id for q in slice_questions(full, 50, 0)}

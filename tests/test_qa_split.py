@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.documents import slice_questions
+from rag.corpus.slicing import slice_questions
 from rag.qa import JsonlQuestions, MixedQuestions, QuestionSplit, split_hash
 from rag.types import QAItem, RagError
 from tests.conftest import write_jsonl

@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 
 from rag.cache import ArtifactCache, atomic_write_text
 from rag.config import PROJECT_ROOT, register_resolvers
-from rag.documents import load_corpus
+from rag.artifacts import load_corpus
 from rag.types import RagError
 
 

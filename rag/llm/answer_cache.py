@@ -27,7 +27,7 @@ RECORD_KIND = "answer"
 
 def prompt_inputs(query: str, contexts: list[Context]) -> str:
     """Everything of one question that reaches the prompt, serialized (also the unit of the
-    whole-run answers key in rag.pipeline.generate_cached)."""
+    whole-run answers key in rag.artifacts.Artifacts.answers)."""
     return json.dumps([query, [(c.label, c.text) for c in contexts]], ensure_ascii=False)
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from rag.cache import ArtifactCache, make_key
-from rag.documents import content_fingerprint, load_corpus
+from rag.artifacts import load_corpus
+from rag.corpus.slicing import content_fingerprint
 from rag.embedder.sentence_transformer import resolve_model_path
 from rag.reranker.training.dataset import build_dataset
 from rag.reranker.training.evaluate import biencoder_reference, evaluate

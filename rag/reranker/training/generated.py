@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.cache import ArtifactCache, make_key
-from rag.documents import content_fingerprint
+from rag.corpus.slicing import content_fingerprint
 from rag.reranker.training.dataset import take_in_turn
 from rag.reranker.training.examples import Example
 from rag.reranker.training.passages import PassagePool

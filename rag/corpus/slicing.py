@@ -1,53 +1,16 @@
-"""Loading corpora through the cache, and slicing corpus + questions deterministically.
+"""What a run reads of a corpus and its questions: a deterministic slice of both, and the checks
+that the questions fit the documents (unique ids, sources and labels that exist).
 
-Rendering man pages or walking torch's docstrings takes tens of seconds, so every corpus (each
-part of a mixed corpus on its own) is cached as `docs.jsonl` under the key of its `fingerprint()`.
-"""
+Loading a corpus through the artifact cache is rag.artifacts' (`Artifacts.inputs`)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections import Counter
-from pathlib import Path
-from typing import Any
 
-from rag.cache import ArtifactCache, make_key
 from rag.types import Document, QAItem, RagError
 
 log = logging.getLogger(__name__)
-
-DOCS_FILE = "docs.jsonl"
-
-
-def load_corpus(corpus: Any, cache: ArtifactCache) -> tuple[list[Document], list[str]]:
-    """Returns (documents, skipped inputs). A corpus with `parts` is loaded part by part."""
-    parts = getattr(corpus, "parts", None)
-    if parts:
-        docs: list[Document] = []
-        skipped: list[str] = []
-        for part in parts:
-            d, s = load_corpus(part, cache)
-            docs.extend(d)
-            skipped.extend(s)
-        check_unique_ids([d.id for d in docs], "corpus")
-        return docs, skipped
-
-    fingerprint = corpus.fingerprint()
-    key = make_key("corpus", fingerprint)
-
-    def build(tmp: Path) -> dict[str, Any]:
-        loaded = corpus.load()
-        with open(tmp / DOCS_FILE, "w", encoding="utf-8") as f:
-            for d in loaded:
-                f.write(json.dumps(d.to_json(), ensure_ascii=False) + "\n")
-        return {"n_docs": len(loaded), "skipped": list(getattr(corpus, "skipped", []) or [])}
-
-    art = cache.get_or_build("corpus", key, build, inputs=fingerprint)
-    with open(art.file(DOCS_FILE), encoding="utf-8") as f:
-        docs = [Document.from_json(json.loads(line)) for line in f]
-    log.info("corpus %s: %d documents (%s)", type(corpus).__name__, len(docs), "cached" if art.hit else "built")
-    return docs, list(art.manifest.get("skipped", []))
 
 
 def check_unique_ids(ids: list[str], what: str) -> None:

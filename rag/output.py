@@ -1,0 +1,107 @@
+"""Writing a run's results: metrics.json, per_question.jsonl, the resolved config, TREC files and
+report.html, whole or not at all; and the plain-text table a run prints."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from eval.trec import format_qrels, format_run
+from rag.cache import atomic_write_text
+from rag.llm.answer_cache import format_plan
+from rag.types import QAItem, RagError
+
+log = logging.getLogger(__name__)
+
+
+def write_results(
+    output_dir: Path, result: dict[str, Any], records: list[dict[str, Any]], extra: dict[str, str] | None = None
+) -> None:
+    """Results are written whole or not at all: each file to a temporary name and renamed,
+    metrics.json last (its presence marks a finished run), and if anything fails or is interrupted
+    (Ctrl-C) on the way, the files already written by this call are removed again. `extra`: more
+    files (name -> text), written first."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        **(extra or {}),
+        "per_question.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+        "config_resolved.yaml": OmegaConf.to_yaml(OmegaConf.create(result["config"])),
+        "metrics.json": json.dumps(result, indent=2, default=_json_default),
+    }
+    written: list[Path] = []
+    try:
+        for name, text in files.items():
+            atomic_write_text(output_dir / name, text)
+            written.append(output_dir / name)
+    except BaseException:
+        for p in written:
+            p.unlink(missing_ok=True)
+        raise
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    return str(o)
+
+
+def trec_files(tag: str, records: list[dict[str, Any]], qa: list[QAItem]) -> dict[str, str]:
+    """run.trec and qrels.trec (eval.trec), or none when an id cannot be written in that format."""
+    try:
+        return {"run.trec": format_run(records, tag), "qrels.trec": format_qrels(qa)}
+    except RagError as e:
+        log.warning("no TREC run file: %s", e)
+        return {}
+
+
+def write_report(cfg: DictConfig, output_dir: Path) -> None:
+    """report.html next to metrics.json: after the results, so a report problem (logged by
+    write_run_report, never raised) cannot cost them. `report.html=false` turns it off."""
+    node = cfg.get("report")
+    if node is not None and not node.get("html", True):
+        return
+    try:
+        from experiments.html_report import write_run_report
+    except Exception as e:  # noqa: BLE001 - e.g. jinja2 missing: the results stand without the page
+        log.warning("report.html skipped (%s: %s)", type(e).__name__, e)
+        return
+    limit = node.get("max_context_chars") if node is not None else None
+    path = write_run_report(output_dir, **({"max_context_chars": int(limit)} if limit else {}))
+    if path is not None:
+        log.info("report: %s", path)
+
+
+def judged_note(o: dict[str, Any]) -> str:
+    """Beside a judge metric: how many questions went unmeasured, and the repeats' agreement."""
+    if "unmeasured" not in o:
+        return ""
+    note = f"  unmeasured {o['unmeasured']}/{o['n'] + o['unmeasured']} questions, {o['judgements_unmeasured']}/{o['judgements']} judgements"
+    if o.get("agreement") is not None:
+        note += f"; agreement {o['agreement']:.2f} (n={o['agreement_n']})"
+    return note
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """A short plain-text table of the run's metrics (overall and per question corpus)."""
+    if "dry_run" in result:
+        return format_plan(result["dry_run"])
+    metrics = list(result["metrics"])
+    corpora = list(result["by_corpus"])
+    header = f"{'metric':<18}{'all':>22}" + "".join(f"{c:>12}" for c in corpora)
+    lines = [f"variant {result['variant']}: {result['counts']['questions']} questions, "
+             f"{result['counts']['documents']} documents, {result['counts']['chunks']} chunks", header]
+    for m in metrics:
+        o = result["metrics"][m]
+        cell = "unmeasured" if o["mean"] is None else f"{o['mean']:.3f} [{o['ci95'][0]:.3f},{o['ci95'][1]:.3f}]"
+        per = "".join(
+            f"{result['by_corpus'][c][m]['mean']:>12.3f}" if result["by_corpus"][c].get(m, {}).get("mean") is not None
+            else f"{'-':>12}" for c in corpora
+        )
+        lines.append(f"{m:<18}{cell:>22}{per}" + judged_note(o))
+    t = result["timings_s"]
+    lines.append("stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()))
+    return "\n".join(lines)

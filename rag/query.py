@@ -1,0 +1,33 @@
+"""One question's path through a prepared pipeline: retrieve (one query at a time, as a served
+system would), then rerank, each timed. A run's main pass, its latency sample (rag.latency) and
+`rag.ask` all go through `retrieve_rerank`, so they measure the same thing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rag.retriever import Retriever, SourceFilter
+from rag.types import Chunk, Hits
+
+
+def retrieve_rerank(retriever: Retriever, reranker: Any, query: str, source_filter: SourceFilter, depth: int,
+                    chunks: list[Chunk], k: int, reuse: bool = True) -> tuple[Hits, float, float]:
+    """(the top k after reranking, retrieve ms, rerank ms). `reuse=False` for a timed search: the
+    candidates kept by an earlier search in this process are not taken (rag.retriever)."""
+    t0 = time.perf_counter()
+    fused = retriever.search_one(query, depth, source_filter, reuse)
+    t1 = time.perf_counter()
+    hits = reranker.rerank([query], fused, chunks, k)
+    return hits, 1000.0 * (t1 - t0), 1000.0 * (time.perf_counter() - t1)
+
+
+def retrieve_rerank_all(retriever: Retriever, reranker: Any, queries: list[str], filters: list[SourceFilter],
+                        depth: int, chunks: list[Chunk], k: int) -> Hits:
+    """Every question's top k, one question at a time (candidates reused where kept)."""
+    out = Hits.empty(len(queries), k)
+    for q, (query, f) in enumerate(zip(queries, filters)):
+        best = retrieve_rerank(retriever, reranker, query, f, depth, chunks, k)[0]
+        w = min(k, best.width)
+        out.ids[q, :w], out.scores[q, :w] = best.ids[0, :w], best.scores[0, :w]
+    return out

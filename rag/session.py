@@ -1,0 +1,209 @@
+"""A configured pipeline with its artifacts built or loaded: everything needed to answer questions.
+
+`open_session(cfg)` checks the whole configuration, builds every component (a bad value fails
+before anything expensive), reads and slices the corpus and questions, chunks, and prepares the
+retriever and reranker (vectors, index, BM25 through rag.artifacts). `rag.pipeline.run` evaluates
+a question set with it; `rag.ask` answers typed questions with the same session.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate, to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+from eval.labels import LABEL_METRICS
+from eval.scoring import ANSWER_METRICS, SIMILARITY_METRICS, ScoreSettings
+from rag import latency
+from rag.artifacts import Artifacts, ChunkSet
+from rag.cache import ArtifactCache
+from rag.chunker.token import TokenChunker
+from rag.context import ContextBuilder
+from rag.corpus.slicing import slice_documents, slice_questions
+from rag.llm import Generator, NoGenerator
+from rag.reranker.base import Reranker
+from rag.retriever import Retriever
+from rag.schema import validate
+from rag.timing import StageTimer
+from rag.types import Document, QAItem, RagError
+
+log = logging.getLogger(__name__)
+
+Asker = tuple[str, "str | None", "str | None"]  # (who, corpus tag, id of the answer's document)
+
+
+def create(node: Any, **kwargs: Any) -> Any:
+    """`hydra.utils.instantiate`, unwrapping our own one-line errors from Hydra's wrapper so that
+    a bad config value reads as itself rather than as an instantiation traceback."""
+    try:
+        return instantiate(node, _convert_="all", **kwargs)
+    except InstantiationException as e:
+        cause = e.__cause__
+        while cause is not None and not isinstance(cause, RagError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise
+
+
+def container(node: Any) -> Any:
+    """A config node as plain Python (resolved); anything else as it is."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+@dataclass
+class Components:
+    """Everything `cfg` builds before any data is read."""
+
+    settings: ScoreSettings
+    corpus: Any
+    questions: Any
+    chunker: Any
+    retriever: Retriever
+    reranker: Reranker
+    generator: Generator
+    eval_embedder: Any
+    context_builder: ContextBuilder
+    latency: latency.LatencySettings
+    judge: Any  # eval.judge.Judge when eval.judge.enabled, else None
+
+
+@dataclass
+class Session:
+    """A configured pipeline with its artifacts built or loaded. `run` evaluates a question set
+    with it; `rag.ask` answers typed questions."""
+
+    cfg: DictConfig
+    cache: ArtifactCache
+    timer: StageTimer
+    parts: Components
+    qa: list[QAItem]
+    docs: list[Document]
+    n_docs_total: int
+    skipped: list[str]
+    chunk_set: ChunkSet
+    artifacts: Artifacts
+
+    # The components, under the names the stages use.
+    settings = property(lambda self: self.parts.settings)
+    retriever = property(lambda self: self.parts.retriever)
+    reranker = property(lambda self: self.parts.reranker)
+    generator = property(lambda self: self.parts.generator)
+    eval_embedder = property(lambda self: self.parts.eval_embedder)
+    context_builder = property(lambda self: self.parts.context_builder)
+    latency = property(lambda self: self.parts.latency)
+    judge = property(lambda self: self.parts.judge)
+
+    @property
+    def depth(self) -> int:
+        """Candidates retrieved per question: k, or more when the reranker wants to see more."""
+        return max(self.settings.k, int(getattr(self.reranker, "top_n", 0) or 0))
+
+
+def open_session(cfg: DictConfig, askers: list[Asker] = ()) -> Session:
+    """`askers`: more (who, corpus tag, answer document) whose source filters are checked with the
+    questions', before any model loads (rag.ask's --corpus)."""
+    # Every value's type and range first: a bad one is one line naming it, before anything loads.
+    validate(cfg)
+    timer = StageTimer()
+    # A relative cache path means the directory the command was started in, also for a job that
+    # a launcher runs in another directory or on another node (Hydra carries that directory along).
+    cache = ArtifactCache(to_absolute_path(str(cfg.paths.cache)))
+    parts = create_components(cfg, cache)
+    artifacts = Artifacts(cache, timer=timer)
+
+    with timer.stage("corpus"):
+        all_docs, skipped, all_qa = artifacts.inputs(parts.corpus, parts.questions)
+        qa = slice_questions(all_qa, cfg.slice.questions_per_corpus, cfg.slice.seed)
+        check_objective_applies(cfg.objective, qa)
+        docs = slice_documents(all_docs, qa, cfg.slice.docs_per_source, cfg.slice.seed)
+        check_document_sizes(docs, cfg.max_doc_chars)
+        parts.retriever.check_filters([(f"question {q.id!r}", q.corpus, q.source) for q in qa] + list(askers), docs)
+
+    with timer.stage("chunk"):
+        chunk_set = artifacts.chunks(parts.chunker, container(cfg.chunker), docs)
+    log.info("%d documents -> %d chunks; %d questions", len(docs), len(chunk_set), len(qa))
+    if parts.settings.k > len(chunk_set):
+        raise RagError(f"eval.k ({parts.settings.k}) is larger than the number of chunks ({len(chunk_set)})")
+
+    parts.retriever.prepare(artifacts)
+    parts.reranker.prepare(artifacts)
+    with timer.stage("load_models"):
+        parts.retriever.warm_up()
+        parts.reranker.warm_up()
+    session = Session(cfg, cache, timer, parts, qa, docs, len(all_docs), skipped, chunk_set, artifacts)
+    if session.depth > len(chunk_set):
+        log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", session.depth, len(chunk_set))
+    return session
+
+
+def create_components(cfg: DictConfig, cache: ArtifactCache) -> Components:
+    """Every component of `cfg`, checked against each other; components that build or load a model
+    artifact (the ONNX export, the LLM's conversion, the cross-encoder) get the session's cache."""
+    settings = ScoreSettings(
+        k=cfg.eval.k,
+        tau_recall=cfg.eval.tau_recall,
+        tau_h=cfg.eval.tau_h,
+        metrics=tuple(cfg.eval.metrics),
+        bootstrap_resamples=cfg.eval.bootstrap.resamples,
+        bootstrap_seed=cfg.eval.bootstrap.seed,
+    )
+    corpus, questions, chunker = create(cfg.corpus), create(cfg.qa), create(cfg.chunker)
+    create(cfg.fusion)  # validated even when the retriever does not fuse, so a bad sweep value fails fast
+    retriever, reranker, generator = create(cfg.retriever), create(cfg.reranker), create(cfg.llm)
+    eval_embedder = create(cfg.eval.embedder)
+    context_builder = ContextBuilder(**container(cfg.context))
+    latency_settings = latency.LatencySettings.from_config(container(cfg.eval.get("latency")))
+    check_objective(cfg.objective, settings, generator)
+    judge = build_judge(cfg.eval.get("judge"), generator)
+    if isinstance(chunker, TokenChunker):
+        chunker.check_fits(str(cfg.embedder.model), cfg.embedder.get("max_seq_length"))
+    parts = Components(settings, corpus, questions, chunker, retriever, reranker, generator, eval_embedder,
+                       context_builder, latency_settings, judge)
+    for part in (parts.chunker, parts.retriever, parts.reranker, parts.generator, parts.eval_embedder):
+        if hasattr(part, "use_cache"):
+            part.use_cache(cache)
+    return parts
+
+
+def build_judge(node: Any, generator: Any) -> Any:
+    """The LLM judge of `eval.judge` (eval/judge.py), or None when it is not enabled."""
+    if node is None or not node.get("enabled", False):
+        return None
+    if isinstance(generator, NoGenerator):
+        raise RagError("eval.judge.enabled=true judges answers, but llm=none generates none")
+    return create({k: v for k, v in container(node).items() if k != "enabled"})
+
+
+def check_objective(objective: str, settings: ScoreSettings, generator: Any) -> None:
+    if objective not in settings.metrics:
+        raise RagError(f"objective {objective!r} is not among the reported metrics {list(settings.metrics)}")
+    if objective in ANSWER_METRICS and isinstance(generator, NoGenerator):
+        raise RagError(f"objective {objective!r} needs generated answers, but llm=none")
+
+
+def check_objective_applies(objective: str, qa: list[QAItem]) -> None:
+    """A question set without answers (BEIR), sources or labels cannot score the metrics that
+    need them; an objective among those would come back empty after all the work."""
+    needs = {m: ("a ground-truth answer", lambda q: q.answer is not None) for m in SIMILARITY_METRICS + ANSWER_METRICS}
+    needs.update({m: ("a source document", lambda q: q.source is not None) for m in ("hit_at_k_id", "mrr_id")})
+    needs.update({m: ("a positive relevance label", lambda q: any(r.grade > 0 for r in q.labels)) for m in LABEL_METRICS})
+    if objective in needs and not any(needs[objective][1](q) for q in qa):
+        raise RagError(f"objective {objective!r} needs questions with {needs[objective][0]}, and no question has one; "
+                       "choose another objective (e.g. objective=ndcg_at_k)")
+
+
+def check_document_sizes(docs: list[Document], max_chars: int | None) -> None:
+    """A single giant document (a 50 MB log pasted as one record) would silently dominate time
+    and the index; it is far more often a mistake than a wish, so it stops the run up front."""
+    if max_chars is None:
+        return
+    for d in docs:
+        if len(d.text) > max_chars:
+            raise RagError(
+                f"document {d.id!r} is {len(d.text):,} characters, over max_doc_chars ({max_chars:,}); "
+                "split it or raise max_doc_chars"
+            )
