@@ -129,3 +129,18 @@ def test_checksums_are_verified_once_per_process_until_the_file_changes(tmp_path
     st = payload.stat()
     os.utime(payload, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # the clock moved on
     assert cache.lookup("thing", "k") is None and len(hashed) == 2
+
+
+def test_the_memory_tier_is_shared_per_root_and_bounded_per_table(tmp_path, monkeypatch):
+    from rag.cache import MemoryTier, clear_memory
+
+    a, b, other = ArtifactCache(tmp_path / "c"), ArtifactCache(tmp_path / "c"), ArtifactCache(tmp_path / "d")
+    a.memory.put("chunks", "k", [1])
+    assert b.memory.get("chunks", "k") == [1], "two cache objects of one root share what was loaded"
+    assert other.memory.get("chunks", "k") is None, "another root does not"
+    monkeypatch.setitem(MemoryTier.LIMITS, "chunks", 2)
+    for key in ("k2", "k3"):
+        a.memory.put("chunks", key, key)
+    assert a.memory.get("chunks", "k") is None and a.memory.get("chunks", "k3") == "k3", "least recently used out"
+    clear_memory()
+    assert a.memory.get("chunks", "k3") is None

@@ -5,12 +5,9 @@ Loading a corpus through the artifact cache is rag.artifacts' (`Artifacts.inputs
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections import Counter
 
 from rag.types import Document, QAItem, RagError
-
-log = logging.getLogger(__name__)
 
 
 def check_unique_ids(ids: list[str], what: str) -> None:
