@@ -65,7 +65,8 @@ class RunResult:
         """A metrics.json document (parsed). ValueError when it is not one: a dry run's plan, or
         a document missing what every run writes."""
         if not isinstance(doc, Mapping):
-            raise ValueError(f"a run's result is a JSON object, not {type(doc).__name__}")
+            # ValueError, as for bad JSON: readers treat both as an unreadable metrics.json
+            raise ValueError(f"a run's result is a JSON object, not {type(doc).__name__}")  # noqa: TRY004
         if "dry_run" in doc:
             raise ValueError("a dry run's plan (llm.dry_run=true), not a run's result")
         missing = [k for k in REQUIRED if k not in doc]

@@ -28,9 +28,12 @@ def expected() -> dict:
     return json.loads((FIX / "flat_expected.json").read_text())
 
 
+def missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
 def same(a, b) -> bool:
-    nan = lambda v: v is None or (isinstance(v, float) and math.isnan(v))  # noqa: E731
-    return (nan(a) and nan(b)) or a == b
+    return (missing(a) and missing(b)) or a == b
 
 
 @pytest.mark.parametrize("name", NAMES)
