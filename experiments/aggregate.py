@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from rag.result import RunResult
 from rag.rundir import belongs_to_sweep, read_sweep_stamp
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ NON_PARAM_PREFIXES = ("hydra", "report", "tracking", "sweep", "paths")
 class RunRecord:
     path: Path
     status: str  # "ok" | "failed"
-    metrics: dict[str, Any] | None = None  # metrics.json
+    result: RunResult | None = None  # metrics.json
     failure: dict[str, Any] | None = None  # failure.json (or a synthesized one)
     overrides: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)  # resolved config
@@ -58,8 +59,8 @@ class RunRecord:
 
     @property
     def variant(self) -> str:
-        if self.metrics:
-            return str(self.metrics.get("variant", "custom"))
+        if self.result:
+            return str(self.result.variant)
         return str(self.config.get("variant", "custom"))
 
     def per_question(self) -> list[dict[str, Any]]:
@@ -136,12 +137,12 @@ def load_run(path: Path) -> RunRecord:
     if job_num is None and sweep_dir is not None and path.name.isdigit():
         job_num = int(path.name)
 
-    metrics = failure = None
+    result = failure = None
     mfile, ffile = path / METRICS_FILE, path / FAILURE_FILE
     if mfile.exists():
         try:
-            metrics = json.loads(mfile.read_text(encoding="utf-8"))
-        except ValueError as e:
+            result = RunResult.read(mfile)
+        except ValueError as e:  # not JSON, or JSON that is not a run's result
             failure = {"error_type": "CorruptResults", "message": f"unreadable metrics.json: {e}"}
     if ffile.exists():
         try:
@@ -149,22 +150,22 @@ def load_run(path: Path) -> RunRecord:
         except ValueError as e:
             failed = {"error_type": "CorruptResults", "message": f"unreadable failure.json: {e}"}
         # A failure newer than the metrics (a re-run into the same directory) wins.
-        if metrics is None or ffile.stat().st_mtime >= mfile.stat().st_mtime:
-            failure, metrics = failed, None
-    if metrics is not None:
+        if result is None or ffile.stat().st_mtime >= mfile.stat().st_mtime:
+            failure, result = failed, None
+    if result is not None:
         problem = _check_per_question(path / PER_QUESTION_FILE)
         if problem:
-            failure, metrics = {"error_type": "CorruptResults", "message": problem}, None
-    if metrics is None and failure is None:
+            failure, result = {"error_type": "CorruptResults", "message": problem}, None
+    if result is None and failure is None:
         failure = {"error_type": "Unfinished", "message": "the job wrote no metrics.json (killed or crashed?)"}
 
-    config = (metrics or {}).get("config") or _read_yaml(path / "config_resolved.yaml") or {}
+    config = (result.config if result else None) or _read_yaml(path / "config_resolved.yaml") or {}
     if not config:
         config = _read_yaml(path / ".hydra" / "config.yaml") or {}
     return RunRecord(
         path=path,
-        status="ok" if metrics is not None else "failed",
-        metrics=metrics,
+        status="ok" if result is not None else "failed",
+        result=result,
         failure=failure,
         overrides=[str(o) for o in overrides],
         config=config if isinstance(config, dict) else {},
@@ -336,7 +337,7 @@ def make_labels(records: list[RunRecord], params: list[dict[str, Any]], varying:
 def metric_names(records: list[RunRecord]) -> list[str]:
     names: list[str] = []
     for rec in records:
-        for m in (rec.metrics or {}).get("metrics", {}):
+        for m in (rec.result.metrics if rec.result else {}):
             if m not in names:
                 names.append(m)
     return names
@@ -353,7 +354,6 @@ def summary_frame(records: list[RunRecord]) -> tuple[pd.DataFrame, list[str], li
     metrics = metric_names(records)
     rows = []
     for rec, p, label in zip(records, params, labels):
-        m = rec.metrics or {}
         failure = rec.failure or {}
         row: dict[str, Any] = {
             "job": rec.job_num if rec.job_num is not None else "",
@@ -365,34 +365,11 @@ def summary_frame(records: list[RunRecord]) -> tuple[pd.DataFrame, list[str], li
         }
         for k in keys:
             row[k] = p.get(k)
-        obj = m.get("objective") or {}
-        row["objective"] = obj.get("name", rec.config.get("objective", ""))
-        row["objective_value"] = obj.get("value", float("nan"))
-        for name in metrics:
-            agg = m.get("metrics", {}).get(name)
-            row[name] = agg["mean"] if agg else float("nan")
-            row[f"{name}_ci_low"] = agg["ci95"][0] if agg else float("nan")
-            row[f"{name}_ci_high"] = agg["ci95"][1] if agg else float("nan")
-            row[f"{name}_n"] = agg["n"] if agg else 0
-        for corpus, per in m.get("by_corpus", {}).items():
-            for name, agg in per.items():
-                row[f"{corpus}/{name}"] = agg["mean"]
-        row.update({f"latency_{k}": v for k, v in m.get("latency", {}).items()})
-        row.update({f"n_{k}": v for k, v in m.get("counts", {}).items()})
-        for stage, s in m.get("timings_s", {}).items():
-            row[f"t_{stage}_s"] = s
+        row.update(rec.result.flatten(metrics) if rec.result
+                   else RunResult.unfinished_row(metrics, rec.config.get("objective", "")))
         row["run_dir"] = str(rec.path)
         rows.append(row)
     return pd.DataFrame(rows), varying, metrics
-
-
-def load_runs(paths: list[Path]) -> pd.DataFrame:
-    """The summary table of every run under `paths` (see summary_frame), with a `run` column."""
-    df, _, _ = summary_frame(load_records(paths))
-    if not df.empty:
-        df.insert(0, "run", df["run_dir"])
-        df.insert(1, "variant", df.pop("variant"))
-    return df
 
 
 def markdown_table(df: pd.DataFrame, columns: list[str], digits: int = 3) -> str:

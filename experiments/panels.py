@@ -19,6 +19,7 @@ import pandas as pd
 
 from experiments import metric_info as MI
 from experiments.charts import FORMATS, HATCHES, _gray_shades, _n_questions, _new_figure, _yerr, metric_label, save
+from rag.result import RunResult, metric_columns
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -166,23 +167,12 @@ def corpus_chart(
     return save(fig, out_dir, name, formats)
 
 
-def run_chart(metrics_doc: dict[str, Any], out_dir: Path, formats: Iterable[str] = ("png",)) -> list[Path]:
+def run_chart(result: RunResult, out_dir: Path, formats: Iterable[str] = ("png",)) -> list[Path]:
     """One run: each metric overall and per question corpus, with 95% CIs (for run trackers)."""
-    overall = metrics_doc.get("metrics", {})
-    by_corpus = metrics_doc.get("by_corpus", {})
-    k = ((metrics_doc.get("config") or {}).get("eval") or {}).get("k", "k")
-    names = list(overall)
+    names = list(result.metrics)
     if not names:
         return []
-    rows = [("all", overall)] + list(by_corpus.items())
-    frame = []
-    for label, per in rows:
-        row: dict[str, Any] = {"label": label, "status": "ok"}
-        for m in names:
-            agg = per.get(m)
-            row[m] = agg["mean"] if agg else np.nan
-            row[f"{m}_ci_low"], row[f"{m}_ci_high"] = agg["ci95"] if agg else (np.nan, np.nan)
-            row[f"{m}_n"] = agg["n"] if agg else 0
-        frame.append(row)
-    title = f"Run {metrics_doc.get('variant', '')}: metrics overall and per question corpus (95% CI)"
-    return version_chart(pd.DataFrame(frame), names, out_dir, k=k, formats=formats, name="run_metrics", title=title)
+    rows = [("all", result.metrics)] + list(result.by_corpus.items())
+    frame = pd.DataFrame([{"label": label, "status": "ok", **metric_columns(per, names)} for label, per in rows])
+    title = f"Run {result.variant}: metrics overall and per question corpus (95% CI)"
+    return version_chart(frame, names, out_dir, k=result.k, formats=formats, name="run_metrics", title=title)

@@ -151,7 +151,7 @@ def latency_columns(records: list[RunRecord], frame: pd.DataFrame, settings: Rep
 def corpus_frame(records: list[RunRecord], labels: list[str], metrics: list[str]) -> pd.DataFrame:
     rows = []
     for rec, lab in zip(records, labels):
-        for corpus, per in ((rec.metrics or {}).get("by_corpus") or {}).items():
+        for corpus, per in (rec.result.by_corpus if rec.result else {}).items():
             for m in metrics:
                 agg = per.get(m)
                 if agg:
@@ -395,7 +395,7 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
     the minimum detectable effects and the verdict. Writes nothing."""
     settings = settings or ReportSettings()
     frame, varying, metrics = summary_frame(records)
-    objective = _first([(r.metrics or {}).get("objective", {}).get("name") for r in records]
+    objective = _first([r.result.objective.name if r.result else None for r in records]
                        + [r.config.get("objective") for r in records], "mrr")
     if not frame.empty:
         frame["objective_value"] = frame[objective] if objective in frame else np.nan

@@ -126,6 +126,7 @@ def synthetic_runs(root: Path, questions: int = 1000, runs: int = 4, contexts: i
     chunk_words words (~500 characters, chunk_size 512) drawn from a pool of `pool` chunks per
     question (so runs overlap as real variants do), an answer, and every metric."""
     from eval.stats import bootstrap_ci
+    from rag.result import Objective, RunResult
 
     rng = np.random.default_rng(seed)
     corpora = ["pubmed", "libc", "pytorch"]
@@ -159,9 +160,9 @@ def synthetic_runs(root: Path, questions: int = 1000, runs: int = 4, contexts: i
             v = np.array([x[n] for x in recs])
             lo, hi = bootstrap_ci(v, 200, seed=0)
             metrics[n] = {"mean": float(v.mean()), "ci95": [lo, hi], "n": len(v)}
-        doc = {"variant": f"v{r + 1}", "objective": {"name": "mrr", "value": metrics["mrr"]["mean"]}, "metrics": metrics,
-               "by_corpus": {}, "counts": {"questions": questions}, "latency": {}, "timings_s": {}, "artifacts": {},
-               "config": {"variant": f"v{r + 1}", "objective": "mrr", "eval": {"k": contexts}}}
+        doc = RunResult(variant=f"v{r + 1}", objective=Objective("mrr", metrics["mrr"]["mean"]), metrics=metrics,
+                        by_corpus={}, counts={"questions": questions}, latency={}, timings_s={}, artifacts={},
+                        config={"variant": f"v{r + 1}", "objective": "mrr", "eval": {"k": contexts}}).to_json()
         (d / "per_question.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
         (d / "metrics.json").write_text(json.dumps(doc))
         dirs.append(d)

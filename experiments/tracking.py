@@ -28,6 +28,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rag.cache import atomic_write_text
+from rag.result import RunResult
+
 log = logging.getLogger(__name__)
 
 PARENT_RUN_FILE = ".mlflow_parent_run"
@@ -39,7 +42,7 @@ class Tracker:
 
     enabled = False
 
-    def log_job(self, output_dir: str | Path, result: dict[str, Any] | None = None,
+    def log_job(self, output_dir: str | Path, result: RunResult | dict[str, Any] | None = None,
                 failure: dict[str, Any] | None = None, overrides: Iterable[str] = (),
                 choices: dict[str, Any] | None = None, sweep_dir: str | Path | None = None,
                 job_name: str | None = None) -> str | None:
@@ -79,23 +82,25 @@ def flatten_params(overrides: Iterable[str], choices: dict[str, Any] | None) -> 
     return {k: v[:_PARAM_MAX] for k, v in params.items()}
 
 
-def metrics_of(result: dict[str, Any]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name, agg in (result.get("metrics") or {}).items():
-        out[name] = agg["mean"]
-        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = agg["ci95"]
-    for corpus, per in (result.get("by_corpus") or {}).items():
-        for name, agg in per.items():
-            out[f"{corpus}/{name}"] = agg["mean"]
-    for name, v in (result.get("latency") or {}).items():
-        out[f"latency_{name}"] = v
-    for name, v in (result.get("counts") or {}).items():
-        out[f"n_{name}"] = v
-    for name, v in (result.get("timings_s") or {}).items():
-        out[f"t_{name}_s"] = v
-    obj = result.get("objective") or {}
-    if obj.get("value") is not None:
-        out["objective"] = obj["value"]
+def as_result(result: RunResult | dict[str, Any] | None) -> RunResult | None:
+    """run.py hands over pipeline.run's return value: a metrics.json document today, a RunResult
+    once the pipeline builds one; None (or a dry run's plan) has nothing to log."""
+    if result is None or isinstance(result, RunResult):
+        return result
+    return None if "dry_run" in result else RunResult.from_json(result)
+
+
+def metrics_of(result: RunResult | dict[str, Any] | None) -> dict[str, float]:
+    """The run's flat row as MLflow metrics: numbers only (NaN and None left out), no `_n`
+    columns, and `objective` is the objective's value (logged last)."""
+    result = as_result(result)
+    if result is None:
+        return {}
+    out = result.flatten(with_n=False)
+    del out["objective"]
+    value = out.pop("objective_value")
+    if value is not None:
+        out["objective"] = value
     clean = {}
     for k, v in out.items():
         try:
@@ -175,13 +180,14 @@ class MLflowTracker(Tracker):
 
     # -- hooks ------------------------------------------------------------------------------------
 
-    def log_job(self, output_dir: str | Path, result: dict[str, Any] | None = None,
+    def log_job(self, output_dir: str | Path, result: RunResult | dict[str, Any] | None = None,
                 failure: dict[str, Any] | None = None, overrides: Iterable[str] = (),
                 choices: dict[str, Any] | None = None, sweep_dir: str | Path | None = None,
                 job_name: str | None = None) -> str | None:
         out = Path(output_dir)
+        result = as_result(result)
         tags = {**self.tags, "ragrig.output_dir": str(out.resolve())}
-        variant = (result or {}).get("variant") or (choices or {}).get("version") or "custom"
+        variant = (result.variant if result else None) or (choices or {}).get("version") or "custom"
         tags["ragrig.variant"] = str(variant)
         if sweep_dir is not None:
             tags["ragrig.sweep_dir"] = str(Path(sweep_dir).resolve())
@@ -195,7 +201,7 @@ class MLflowTracker(Tracker):
         run_id = run.info.run_id
         status = "FAILED" if failure else "FINISHED"
         try:
-            self._log_batch(run_id, flatten_params(overrides, choices), metrics_of(result or {}), {})
+            self._log_batch(run_id, flatten_params(overrides, choices), metrics_of(result), {})
             if self.log_artifacts:
                 files = [out / n for n in ("metrics.json", "per_question.jsonl", "config_resolved.yaml", "failure.json")]
                 self._log_files(run_id, files)
@@ -255,7 +261,4 @@ def job_failure(exc: BaseException) -> dict[str, Any]:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(obj, indent=2))

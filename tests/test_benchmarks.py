@@ -1,10 +1,11 @@
 """The benchmark families (experiments/benchmarks) in tiny configurations: they run and return
-the keys that experiments/bench.py and docs/bench.md rely on. The figures themselves come from
+the keys that the CLI's --headline and docs/bench.md rely on. The figures themselves come from
 `python -m experiments.benchmarks` (see docs/bench.md)."""
 from __future__ import annotations
 
 import inspect
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +24,8 @@ def _check_table(res):
 
 def test_registry_functions_take_quick_and_full():
     assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "ray_encoding",
-                             "generation", "serving", "generation_speed", "retrieval_latency"}
+                             "generation", "serving", "generation_speed", "retrieval_latency", "alpha_sweep",
+                             "grid_sweep"}
     for fn in REGISTRY.values():
         params = inspect.signature(fn).parameters
         assert list(params)[:2] == ["quick", "full"] and "tiny" in params
@@ -225,3 +227,109 @@ def test_generation_speed_tiny(tmp_path):
     assert res["generation_identical_share"] == 1.0 and res["generation_speedup"] > 0
     assert res["n_questions"] == 3 and res["limits"]["read_gb_s"] > 0
     assert set(res["quality"]) == {"before", "after"}
+
+
+# ---- the CLI: families, overrides, the headline ratios ------------------------------------------
+
+def dummy_family(quick, full, tiny=False, overrides=None, work_dir=None):
+    """A family for the test."""
+    return {"table": [{"measure": "answer", "value": 42.0, "unit": "s", "note": ""}], "overrides": overrides,
+            "work_dir": str(work_dir), "quick": quick}
+
+
+def test_cli_runs_named_families_with_overrides_and_lists_them(tmp_path, monkeypatch, capsys):
+    from experiments import benchmarks
+    from experiments.benchmarks.__main__ import main
+
+    monkeypatch.setitem(benchmarks.FAMILIES, "dummy", "tests.test_benchmarks:dummy_family")
+    assert main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "alpha_sweep" in listed and "dummy" in listed and "A family for the test" in listed
+    with pytest.raises(SystemExit) as e:
+        main(["--only", "nope"])
+    assert e.value.code == 2
+    assert main(["--out", str(tmp_path), "--only", "dummy", "--", "eval.k=3"]) == 0
+    res = json.loads((tmp_path / "dummy.json").read_text())
+    assert res["overrides"] == ["eval.k=3"] and res["work_dir"] == str(tmp_path / "dummy") and res["quick"]
+    assert "| answer | 42.0 | s |" in (tmp_path / "bench.md").read_text()
+    assert json.loads((tmp_path / "results.json").read_text())["results"]["dummy"]["table"]
+
+
+def test_a_plain_run_leaves_out_the_sweeps(tmp_path, monkeypatch):
+    from experiments.benchmarks import __main__ as cli
+
+    ran = []
+    monkeypatch.setattr(cli, "_run", lambda args, names, done: ran.extend(names) or 0)
+    for flags in ([], ["--full"]):
+        ran.clear()
+        assert cli.main(["--out", str(tmp_path), *flags]) == 0
+        assert ran and not {"alpha_sweep", "grid_sweep"} & set(ran)
+    assert "serving" in ran  # --full adds the opt-in families, not the sweeps
+
+
+@pytest.mark.parametrize("layout", ["families", "before"])
+def test_headline_gathers_the_five_ratios(tmp_path, layout):
+    from experiments.benchmarks.__main__ import main
+
+    sweeps = {"alpha_sweep": {"alpha_sweep_ratio": 1.1}, "grid_sweep": {"grid_sweep_ratio": 1.05}}
+    # "before": the sweeps' results.json of experiments/bench.py, results at its top level
+    (tmp_path / "results.json").write_text(json.dumps({"mode": "quick", "results": sweeps} if layout == "families"
+                                                      else sweeps))
+    (tmp_path / "families").mkdir()
+    (tmp_path / "families" / "results.json").write_text(json.dumps({"results": {
+        "generation_speed": {"generation_speedup": 2.5, "generation_identical_share": 1.0},
+        "onnx": {"embed_speedup": 1.6}}}))
+    assert main(["--headline", "--out", str(tmp_path)]) == 0
+    heads = json.loads((tmp_path / "headline.json").read_text())
+    assert heads == {"generation_speedup": 2.5, "generation_identical_share": 1.0, "embed_speedup": 1.6,
+                     "alpha_sweep_ratio": 1.1, "grid_sweep_ratio": 1.05}
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["grid_sweep_ratio"] == 1.05
+    assert json.loads((tmp_path / "families" / "results.json").read_text())["alpha_sweep_ratio"] == 1.1
+
+
+def fake_run_py(calls):
+    """Stands in for `python run.py`: writes a real metrics.json (tests/fixtures/metrics) where
+    the run (or each of a multirun's jobs) would, and takes 2 s a job on paper."""
+    import subprocess
+
+    fixture = PROJECT_ROOT / "tests" / "fixtures" / "metrics" / "baseline.json"
+
+    def run(argv, timeout=None, env=None):
+        calls.append(argv)
+        multirun = argv[0] == "-m"
+        where = Path(next(a for a in argv if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))).split("=", 1)[1])
+        jobs = 9 if "sweep=chunk_alpha" in argv else 5 if multirun else 1
+        for j in range(jobs):
+            d = where / str(j) if multirun else where
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "metrics.json").write_text(fixture.read_text())
+        return subprocess.CompletedProcess(argv, 0, "", ""), 2.0 * jobs
+
+    return run
+
+
+def test_alpha_sweep_tiny(tmp_path, monkeypatch):
+    from experiments.benchmarks import sweeps
+
+    calls = []
+    monkeypatch.setattr(sweeps, "run_py", fake_run_py(calls))
+    res = sweeps.bench_alpha_sweep(tiny=True, overrides=["eval.k=3"], work_dir=tmp_path)
+    _check_table(res)
+    assert res["alpha_sweep_ratio"] == res["ratio_warm"] == 5.0 and "ratio_cold" not in res  # tiny: warm only
+    assert len(calls) == 3 and all("eval.k=3" in c for c in calls)
+    assert res["latency_method"]["measured"] and len(res["sweep_jobs_retrieve_ms_median"]) == 5
+    assert set(res["objective_by_alpha"]) == {"0.1", "0.3", "0.5", "0.7", "0.9"}
+    res = sweeps.bench_alpha_sweep(tiny=True, cold=True, repeats=2, overrides=["eval.k=3"], work_dir=tmp_path)
+    assert res["ratio_cold"] == 5.0 and len(res["warm_ratio_repeats"]) == 2 and len(calls) == 3 + 2 + 5
+
+
+def test_grid_sweep_tiny(tmp_path, monkeypatch):
+    from experiments.benchmarks import sweeps
+
+    calls = []
+    monkeypatch.setattr(sweeps, "run_py", fake_run_py(calls))
+    res = sweeps.bench_grid_sweep(tiny=True, overrides=["eval.k=3"], work_dir=tmp_path)
+    _check_table(res)
+    assert res["grid_sweep_ratio"] == 3.0 and res["jobs"] == 9 and len(calls) == 4
+    assert not (tmp_path / "caches" / "grid-runs").exists()  # the cold caches are removed again

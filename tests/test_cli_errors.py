@@ -144,11 +144,12 @@ def test_benchmarks_out_that_is_a_file_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("override,expect", [
-    ("eval.k=2.5", "bench: error: eval.k must be an integer, got 2.5"),
-    ("chunker=nope", "bench: error: Could not find 'chunker/nope'"),
+    ("eval.k=2.5", "benchmarks: error: eval.k must be an integer, got 2.5"),
+    ("chunker=nope", "benchmarks: error: Could not find 'chunker/nope'"),
 ])
 def test_bench_checks_its_overrides_before_any_benchmark(override, expect, tmp_path):
-    done = command(["-m", "experiments.bench", "--only", "alpha_sweep", "--out", str(tmp_path / "b"), "--", override])
+    done = command(["-m", "experiments.benchmarks", "--only", "alpha_sweep", "--out", str(tmp_path / "b"), "--",
+                    override])
     assert_one_line(done, expect)
     assert not (tmp_path / "b" / "alpha_sweep").exists()
 
@@ -193,6 +194,6 @@ def test_results_interrupted_while_written_are_removed(tmp_path, monkeypatch):
 
 
 def test_every_entry_point_answers_help():
-    for module in ("rag.ask", "experiments.compare", "experiments.aggregate", "experiments.benchmarks", "experiments.bench"):
+    for module in ("rag.ask", "experiments.compare", "experiments.aggregate", "experiments.benchmarks"):
         done = command(["-m", module, "--help"], timeout=120)
         assert done.returncode == 0 and "usage" in done.stdout.lower(), (module, done.stderr[-2000:])

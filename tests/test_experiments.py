@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from eval.stats import bootstrap_ci
-from experiments import bench, charts
+from experiments import charts
 from experiments.aggregate import find_run_dirs, load_records, summary_frame
 from experiments.compare import main as compare_main
 from experiments.report import ReportSettings, build_report
@@ -473,47 +473,6 @@ def test_mlflow_tracker_logs_to_a_local_store(tmp_path):
     sweep_run = client.get_run(parent)
     assert sweep_run.info.status == "FINISHED" and sweep_run.data.metrics["jobs_failed"] == 1.0
     assert "summary.csv" in {a.path for a in client.list_artifacts(parent)}
-
-
-# ---------------------------------------------------------------------------------------------
-# benchmarks
-
-
-def test_bench_registry_and_cli(tmp_path, monkeypatch, capsys):
-    assert "alpha_sweep" in bench.BENCHMARKS
-    monkeypatch.setattr(bench, "BENCHMARKS", dict(bench.BENCHMARKS))
-
-    @bench.benchmark("dummy", "a benchmark for the test")
-    def dummy(ctx):
-        assert ctx.overrides == ["eval.k=3"]
-        assert ctx.compose(["fusion=weighted"]).eval.k == 3
-        return {"table": [{"measure": "answer", "value": 42.0, "unit": "s", "note": ""}], "x": 1}
-
-    with pytest.raises(ValueError):
-        bench.benchmark("dummy", "twice")(dummy)
-    assert bench.main(["--list"]) == 0
-    assert "alpha_sweep" in capsys.readouterr().out
-    assert bench.main(["--only", "nope"]) == 2
-    assert bench.main(["--out", str(tmp_path), "--only", "dummy", "eval.k=3"]) == 0
-    res = json.loads((tmp_path / "dummy.json").read_text())
-    assert res["x"] == 1 and res["table"][0]["value"] == 42.0
-    assert "| answer | 42.000 | s |" in (tmp_path / "bench.md").read_text()
-    assert "dummy" in json.loads((tmp_path / "results.json").read_text())
-
-
-def test_bench_headline_gathers_the_issue_ratios(tmp_path):
-    (tmp_path / "families").mkdir()
-    (tmp_path / "results.json").write_text(json.dumps({"alpha_sweep": {"alpha_sweep_ratio": 1.1},
-                                                       "grid_sweep": {"grid_sweep_ratio": 1.05}}))
-    (tmp_path / "families" / "results.json").write_text(json.dumps({"results": {
-        "generation_speed": {"generation_speedup": 2.5, "generation_identical_share": 1.0},
-        "onnx": {"embed_speedup": 1.6}}}))
-    assert bench.main(["--headline", "--out", str(tmp_path)]) == 0
-    heads = json.loads((tmp_path / "headline.json").read_text())
-    assert heads == {"generation_speedup": 2.5, "generation_identical_share": 1.0, "embed_speedup": 1.6,
-                     "alpha_sweep_ratio": 1.1, "grid_sweep_ratio": 1.05}
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert results["grid_sweep_ratio"] == 1.05 and results["alpha_sweep"]["alpha_sweep_ratio"] == 1.1
 
 
 def test_derived_latency_counts_only_questions_whose_retrieval_was_timed(tmp_path):

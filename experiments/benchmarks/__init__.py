@@ -1,13 +1,14 @@
 """Benchmark families of the harness (see docs/bench.md).
 
 Each is a plain function `bench_<name>(quick: bool, full: bool, **sizes) -> dict` returning its
-raw numbers plus a `table` of rows {measure, value, unit, note} (the format of
-experiments/bench.py), an `environment` (with the load average: the machine may be shared) and
-`wall_s`. quick: what fits in the 30-minute `make bench` on 2 cores; full: adds the long cases
-(1M FAISS vectors with HNSW, v3/v4 with the LLM, 2000-text encoding runs). `tiny=True` runs a
-seconds-long configuration for tests.
+raw numbers plus a `table` of rows {measure, value, unit, note}, an `environment` (with the load
+average: the machine may be shared) and `wall_s`. quick: what fits in the 30-minute `make bench`
+on 2 cores; full: adds the long cases (1M FAISS vectors with HNSW, v3/v4 with the LLM, 2000-text
+encoding runs). `tiny=True` runs a seconds-long configuration for tests. A family that takes
+`overrides` gets the command line's Hydra overrides; one that takes `work_dir` gets
+<out>/<name> for its runs and caches.
 
-    python -m experiments.benchmarks [--full] [--only NAME ...] [--out outputs/bench/families]
+    python -m experiments.benchmarks [--full] [--only NAME ...] [--out outputs/bench/families] [-- OVERRIDES]
 
 A family's module is imported when it is first looked up, so that running one family needs only
 that family's libraries (the generation family runs on a GPU machine that has no FAISS or Hydra).
@@ -30,6 +31,8 @@ FAMILIES = {
     "serving": "experiments.benchmarks.serving:bench_serving",  # skips, with its reason, without the serving extra
     "generation_speed": "experiments.benchmarks.generation_speed:bench_generation_speed",
     "retrieval_latency": "experiments.benchmarks.retrieval_latency:bench_retrieval_latency",
+    "alpha_sweep": "experiments.benchmarks.sweeps:bench_alpha_sweep",
+    "grid_sweep": "experiments.benchmarks.sweeps:bench_grid_sweep",
 }
 # Families a plain (quick) run leaves out, because the quick run must stay under 30 minutes on 2
 # cores: ray_encoding needs an optional extra and starts a cluster; generation loads the LLM on
@@ -37,6 +40,9 @@ FAMILIES = {
 # or --only runs them.
 # retrieval_latency embeds the whole `mixed` corpus when its vectors are not cached (~7 min).
 OPT_IN = {"ray_encoding", "generation", "serving", "retrieval_latency"}
+# The sweep costs run only when named (--only), --full included: `make bench` runs them on their
+# own, into outputs/bench, before the families (outputs/bench/families).
+SWEEPS = {"alpha_sweep", "grid_sweep"}
 
 
 class _Registry(Mapping[str, Callable[..., dict[str, Any]]]):
@@ -57,7 +63,6 @@ REGISTRY = _Registry()
 
 
 def describe(name: str) -> str:
-    """First paragraph of a benchmark's docstring, without its final period (experiments/bench.py
-    adds one)."""
+    """First paragraph of a benchmark's docstring, without its final period."""
     doc = (REGISTRY[name].__doc__ or name).strip()
     return " ".join(doc.split("\n\n")[0].split()).rstrip(".")

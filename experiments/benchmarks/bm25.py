@@ -143,6 +143,16 @@ def bench_bm25(quick: bool = True, full: bool = False, sizes: tuple[int, ...] | 
                     prev = res
             corpus.unlink()
 
+    comparisons, table = compare_cases(cases, skipped, sizes)
+    result = {"sizes": list(sizes), "vocab": VOCAB, "zipf_s": ZIPF_S, "mean_tokens": MEAN_LEN, "n_queries": n_queries,
+              "k": K, "reference_1m_query_ms": REFERENCE_1M_MS, "cases": cases, "comparisons": comparisons,
+              "skipped": skipped, "table": table, "environment": environment()}
+    return finish(result, clock)
+
+
+def compare_cases(cases: list[dict[str, Any]], skipped: list[dict[str, Any]],
+                  sizes: tuple[int, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per size, rank-bm25 against bm25s (ratios), and the table rows of every case."""
     by = {(c["backend"], c["n_docs"]): c for c in cases if "error" not in c}
     comparisons = []
     table = []
@@ -176,7 +186,4 @@ def bench_bm25(quick: bool = True, full: bool = False, sizes: tuple[int, ...] | 
     for c in cases:
         if "error" in c:
             table.append(row(f"{c['n_docs']:,} chunks: {c['backend']}", "failed", "", c["error"][:200]))
-    result = {"sizes": list(sizes), "vocab": VOCAB, "zipf_s": ZIPF_S, "mean_tokens": MEAN_LEN, "n_queries": n_queries,
-              "k": K, "reference_1m_query_ms": REFERENCE_1M_MS, "cases": cases, "comparisons": comparisons,
-              "skipped": skipped, "table": table, "environment": environment()}
-    return finish(result, clock)
+    return comparisons, table

@@ -199,12 +199,6 @@ def run_case(module: str, func: str, kwargs: dict[str, Any], timeout: float = 36
 
 # -- timing ---------------------------------------------------------------------------------
 
-def timeit(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
-
-
 def per_call_ms(fn: Callable[[Any], Any], items: list[Any], budget_s: float | None = None, min_calls: int = 5) -> list[float]:
     """Latency of fn(item) for each item, in ms (stops early past budget_s, after min_calls)."""
     out: list[float] = []
@@ -391,20 +385,26 @@ def cold_cache(root: Path, share_from: Path | None = None) -> Path:
     return root
 
 
+def run_py(args: list[str], timeout: float | None = None,
+           env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """`python run.py <args>` in a fresh process from the project root, as a user runs it
+    (offline, quiet tokenizers): the finished process and its wall seconds, imports and model
+    loading included. subprocess.TimeoutExpired past `timeout`."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), *args], check=False, capture_output=True,
+                          text=True, timeout=timeout, env=full_env, cwd=str(PROJECT_ROOT))
+    return done, time.perf_counter() - t0
+
+
 def run_pipeline_subprocess(overrides: list[str], out_dir: Path, timeout: float = 3600) -> dict[str, Any]:
     """`python run.py <overrides>` in a fresh process, as a user runs it; returns its metrics.json
     plus the process wall time (model loading and imports included)."""
     out_dir = Path(out_dir)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    args = [sys.executable, str(PROJECT_ROOT / "run.py"), *overrides, f"hydra.run.dir={out_dir}",
-            "embedder.show_progress=false"]
-    t0 = time.perf_counter()
     try:
-        done = subprocess.run(args, check=False, capture_output=True, text=True, timeout=timeout, env=env,
-                              cwd=str(PROJECT_ROOT))
+        done, wall = run_py([*overrides, f"hydra.run.dir={out_dir}", "embedder.show_progress=false"], timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s", "overrides": overrides}
-    wall = time.perf_counter() - t0
     metrics = out_dir / "metrics.json"
     if done.returncode != 0 or not metrics.exists():
         return {"error": f"exit {done.returncode}: {done.stderr.strip()[-1500:]}", "overrides": overrides}

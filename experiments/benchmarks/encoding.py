@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.benchmarks.common import environment, finish, pubmedqa_chunks, ratio, row, scratch_dir, start
-from rag.config import PROJECT_ROOT
+from experiments.benchmarks.common import finish, pubmedqa_chunks, ratio, row, scratch_dir, start
 
 
 def make_embedder(name: str = "minilm_torch", **overrides: Any) -> Any:
@@ -37,6 +36,26 @@ def make_embedder(name: str = "minilm_torch", **overrides: Any) -> Any:
     for k, v in overrides.items():
         node[k] = v
     return build(node)
+
+
+def loaded_embedder(texts: list[str]) -> tuple[Any, float]:
+    """The default torch embedder, its model loaded (the seconds that took, excluded from every
+    throughput) and warmed up on the first texts (first-call allocations)."""
+    embedder = make_embedder("minilm_torch")
+    t0 = time.perf_counter()
+    _ = embedder.model  # a cached property: this loads it
+    load_s = time.perf_counter() - t0
+    embedder.encode(texts[:16])
+    return embedder, load_s
+
+
+def texts_facts(texts: list[str], batch_size: int) -> dict[str, Any]:
+    """The leading keys of an encoding result (texts_note: the table's words for them)."""
+    return {"n_texts": len(texts), "mean_chars": round(sum(map(len, texts)) / len(texts), 1), "batch_size": batch_size}
+
+
+def texts_note(result: dict[str, Any]) -> str:
+    return f"{result['n_texts']} PubMedQA chunks, ~{result['mean_chars']:.0f} chars, batch {result['batch_size']}"
 
 
 def chunk_set_of(texts: list[str]) -> Any:
@@ -81,6 +100,26 @@ def _sum_work(parts: list[dict[str, Any]]) -> dict[str, Any]:
             "non_embedding_params": parts[0]["non_embedding_params"], "gflop": round(sum(p["gflop"] for p in parts), 2)}
 
 
+def cache_hits(cache: Any, chunk_set: Any, repeats: int = 5) -> tuple[list[float], bool, bool, Any]:
+    """Artifacts.vectors with fresh embedders on a warm cache: (ms each, whether a model loaded,
+    whether the vectors were a hit, load_sentence_transformer's cache info). No model may load."""
+    from rag.artifacts import Artifacts
+    from rag.embedder.sentence_transformer import load_sentence_transformer
+
+    load_sentence_transformer.cache_clear()  # from here on, any model load would be a new call
+    hits_ms, fresh, arts = [], None, None
+    for _ in range(repeats):
+        fresh = make_embedder("minilm_torch")
+        arts = Artifacts(cache, chunk_set)
+        t0 = time.perf_counter()
+        vecs = arts.vectors(fresh)
+        float(vecs[-1, -1])  # touch the memory map
+        hits_ms.append(1000 * (time.perf_counter() - t0))
+    info = load_sentence_transformer.cache_info()
+    model_loaded = ("model" in fresh.__dict__) or info.misses > 0 or info.currsize > 0
+    return hits_ms, model_loaded, bool(arts.record["vectors"]["hit"]), info
+
+
 def gemm_gflops(repeats: int = 5) -> float:
     """float32 matrix-multiply throughput of torch on this machine now (its own threads): the
     compute ceiling an encoder's dense layers can reach."""
@@ -96,79 +135,69 @@ def gemm_gflops(repeats: int = 5) -> float:
     return round(2 * 8192 * 384 * 1536 / statistics.median(ts) / 1e9, 1)
 
 
+def harness_vs_bare(embedder: Any, texts: list[str], blocks: int,
+                    tmp: Path) -> tuple[list[list[str]], dict[str, float], dict[str, float], list[Any], float]:
+    """Both sides on the same texts: (the parts, seconds and CPU seconds per side, the harness's
+    (cache, chunk set) per part, the largest difference between their vectors)."""
+    from rag.artifacts import Artifacts
+    from rag.cache import ArtifactCache
+
+    st = embedder.model
+    # The texts in `blocks` parts; each part is encoded by both sides, in alternating order
+    # (harness first, then bare first, ...), so a drifting machine load hits both alike.
+    # The harness side is the whole stage: Artifacts.vectors on an empty cache (dedupe,
+    # encode in blocks, .npy, checksum, atomic publish).
+    size = -(-len(texts) // blocks)
+    parts = [texts[i : i + size] for i in range(0, len(texts), size)]
+    times = {"harness": 0.0, "bare": 0.0}
+    cpu = {"harness": 0.0, "bare": 0.0}  # this process's CPU time: less sensitive to other processes
+    harness_vecs, bare_vecs, caches = [], [], []
+    for b, part in enumerate(parts):
+        chunk_set = chunk_set_of(part)
+        for side in (("harness", "bare") if b % 2 == 0 else ("bare", "harness")):
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            if side == "harness":
+                cache = ArtifactCache(tmp / f"cache-{b}")
+                vecs = Artifacts(cache, chunk_set).vectors(embedder)
+                caches.append((cache, chunk_set))
+            else:
+                vecs = st.encode(part, batch_size=embedder.batch_size, normalize_embeddings=embedder.normalize,
+                                 convert_to_numpy=True, show_progress_bar=False)
+            times[side] += time.perf_counter() - t0
+            cpu[side] += time.process_time() - c0
+            (harness_vecs if side == "harness" else bare_vecs).append(np.asarray(vecs))
+    max_abs = float(np.abs(np.concatenate(harness_vecs) - np.concatenate(bare_vecs)).max())
+    return parts, times, cpu, caches, max_abs
+
+
 def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None = None, tiny: bool = False,
                    blocks: int | None = None) -> dict[str, Any]:
     """Embedding stage (Artifacts.vectors: encode_to_npy + SentenceTransformerEmbedder) vs bare
     SentenceTransformer.encode on 1000 PubMedQA chunks (2000 with full), and the cost of a full
     cache hit (no model load)."""
-    from rag.artifacts import Artifacts
-    from rag.cache import ArtifactCache
-    from rag.embedder.sentence_transformer import load_sentence_transformer
-
     clock = start()
     n_texts = n_texts or (16 if tiny else 2000 if full else 1000)
     blocks = blocks or (2 if tiny else 10)
     texts = pubmedqa_chunks(n_texts)
-    embedder = make_embedder("minilm_torch")
-    t0 = time.perf_counter()
+    embedder, load_s = loaded_embedder(texts)
     st = embedder.model
-    load_s = time.perf_counter() - t0
-    embedder.encode(texts[:16])  # warm-up (first-call allocations)
 
     with scratch_dir("encoding") as tmp:
         tmp = Path(tmp)
-        # The texts in `blocks` parts; each part is encoded by both sides, in alternating order
-        # (harness first, then bare first, ...), so a drifting machine load hits both alike.
-        # The harness side is the whole stage: Artifacts.vectors on an empty cache (dedupe,
-        # encode in blocks, .npy, checksum, atomic publish).
-        size = -(-len(texts) // blocks)
-        parts = [texts[i : i + size] for i in range(0, len(texts), size)]
-        times = {"harness": 0.0, "bare": 0.0}
-        cpu = {"harness": 0.0, "bare": 0.0}  # this process's CPU time: less sensitive to other processes
-        harness_vecs, bare_vecs, caches = [], [], []
-        for b, part in enumerate(parts):
-            chunk_set = chunk_set_of(part)
-            for side in (("harness", "bare") if b % 2 == 0 else ("bare", "harness")):
-                c0 = time.process_time()
-                t0 = time.perf_counter()
-                if side == "harness":
-                    cache = ArtifactCache(tmp / f"cache-{b}")
-                    vecs = Artifacts(cache, chunk_set).vectors(embedder)
-                    caches.append((cache, chunk_set))
-                else:
-                    vecs = st.encode(part, batch_size=embedder.batch_size, normalize_embeddings=embedder.normalize,
-                                     convert_to_numpy=True, show_progress_bar=False)
-                times[side] += time.perf_counter() - t0
-                cpu[side] += time.process_time() - c0
-                (harness_vecs if side == "harness" else bare_vecs).append(np.asarray(vecs))
-        max_abs = float(np.abs(np.concatenate(harness_vecs) - np.concatenate(bare_vecs)).max())
+        parts, times, cpu, caches, max_abs = harness_vs_bare(embedder, texts, blocks, tmp)
         harness_s, bare_s = times["harness"], times["bare"]
         work = _sum_work([encode_flops(st, part, embedder.batch_size, "chars") for part in parts])
         harness_work = _sum_work([encode_flops(st, part, embedder.batch_size, "tokens") for part in parts])
         useful_gflop = work["gflop"] * work["tokens"] / work["padded_tokens"]  # ~ the unpadded work
         gemm = gemm_gflops()
 
-        # Cache hits: fresh embedders on the warm caches; no model may load.
-        load_sentence_transformer.cache_clear()  # from here on, any model load would be a new call
-        hits_ms, fresh, arts = [], None, None
-        cache, chunk_set = caches[0]
-        for _ in range(5):
-            fresh = make_embedder("minilm_torch")
-            arts = Artifacts(cache, chunk_set)
-            t0 = time.perf_counter()
-            vecs = arts.vectors(fresh)
-            float(vecs[-1, -1])  # touch the memory map
-            hits_ms.append(1000 * (time.perf_counter() - t0))
-        info = load_sentence_transformer.cache_info()
-        model_loaded = ("model" in fresh.__dict__) or info.misses > 0 or info.currsize > 0
-        hit_ok = bool(arts.record["vectors"]["hit"])
+        hits_ms, model_loaded, hit_ok, info = cache_hits(*caches[0])
 
     n = len(texts)
     cold_part_s = harness_s / len(parts)
     result = {
-        "n_texts": n,
-        "mean_chars": round(sum(map(len, texts)) / n, 1),
-        "batch_size": embedder.batch_size,
+        **texts_facts(texts, embedder.batch_size),
         "blocks": len(parts),
         "model_load_s": round(load_s, 3),
         "harness_s": round(harness_s, 3),
@@ -196,14 +225,19 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
         "cache_hit_model_loaded": model_loaded,
         "load_sentence_transformer_cache_info": info._asdict(),
     }
-    result["table"] = [
-        row("bare SentenceTransformer.encode", result["bare_chunks_per_s"], "chunks/s",
-            f"{n} PubMedQA chunks, ~{result['mean_chars']:.0f} chars, batch {embedder.batch_size}"),
+    result["table"] = encoding_table(result)
+    return finish(result, clock)
+
+
+def encoding_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    work, harness_work = result["work"], result["harness_work"]
+    return [
+        row("bare SentenceTransformer.encode", result["bare_chunks_per_s"], "chunks/s", texts_note(result)),
         row("harness embedding stage (Artifacts.vectors -> encode_to_npy)", result["harness_chunks_per_s"], "chunks/s",
-            f"{len(parts)} interleaved parts, empty cache each"),
+            f"{result['blocks']} interleaved parts, empty cache each"),
         row("**harness / bare throughput**", result["harness_vs_bare"], "x",
             f"target >= 0.95; by CPU time {result['harness_vs_bare_cpu']}x"),
-        row("max |harness - bare| vector difference", max_abs, ""),
+        row("max |harness - bare| vector difference", result["max_abs_diff_vs_bare"], ""),
         row("encoder arithmetic rate (harness)", result["harness_gflops"], "GFLOP/s",
             f"{harness_work['gflop']} GFLOP for {work['tokens']:,} tokens: {harness_work['padding_overhead']}x with "
             f"padding, batches sorted by tokens (bare, sorted by characters: {work['padding_overhead']}x, "
@@ -211,11 +245,9 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
         row("useful (unpadded) arithmetic rate (harness)", result["useful_gflops_harness"], "GFLOP/s",
             f"{result['useful_vs_gemm_ceiling_harness']}x the GEMM ceiling"),
         row("**encoder rate / float32 GEMM ceiling**", result["harness_vs_gemm_ceiling"], "x",
-            f"torch {gemm} GFLOP/s on a 8192x384 @ 384x1536 matmul, same run"),
+            f"torch {result['gemm_gflops']} GFLOP/s on a 8192x384 @ 384x1536 matmul, same run"),
         row("model load (excluded above)", result["model_load_s"], "s"),
         row("**vectors: full cache hit**", result["cache_hit_ms_median"], "ms",
-            f"median of 5, fresh embedder, {len(parts[0])} vectors; {result['cache_hit_vs_cold_build']}x their cold build"),
-        row("model loaded on a cache hit", "yes" if model_loaded else "no", "", "target: no"),
+            f"median of 5, fresh embedder, {result['cache_hit_texts']} vectors; {result['cache_hit_vs_cold_build']}x their cold build"),
+        row("model loaded on a cache hit", "yes" if result["cache_hit_model_loaded"] else "no", "", "target: no"),
     ]
-    result["environment"] = environment()
-    return finish(result, clock)

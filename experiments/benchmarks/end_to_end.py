@@ -9,8 +9,8 @@ preparation; chunks, vectors, indexes, BM25 and answers are built. warm: the sam
 on that cache. quick runs v1 and v2 in one cache, in order (v1 cold, v1 warm, v2 "cold", v2 warm),
 as `make demo` does, so v2's cold run reuses v1's chunks and vectors and builds its HNSW index and
 BM25; full gives every version an empty cache of its own and adds v3 and v4 (cross-encoder reranking and the
-SmolLM2 generator: many minutes each on CPU). The alpha-sweep cost ratio is experiments/bench.py's
-alpha_sweep, not repeated here.
+SmolLM2 generator: many minutes each on CPU). The alpha-sweep cost ratio is the alpha_sweep family's
+(sweeps.py), not repeated here.
 """
 from __future__ import annotations
 

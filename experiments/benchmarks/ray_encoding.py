@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments.benchmarks.common import environment, finish, pubmedqa_chunks, ratio, row, scratch_dir, start
-from experiments.benchmarks.encoding import make_embedder
+from experiments.benchmarks.common import finish, pubmedqa_chunks, ratio, row, scratch_dir, start
+from experiments.benchmarks.encoding import loaded_embedder, make_embedder, texts_facts, texts_note
 
 CORES = 2  # the worker node's CPUs: what the local side uses too (torch's default on this machine)
 # Node processes: small object stores (texts and vectors of a 2000-chunk run are ~5 MB).
@@ -42,9 +42,7 @@ NODE = {"object_store_memory": 100 * 2**20, "include_dashboard": False, "node_ip
 
 
 def _skipped(reason: str, clock: dict[str, Any]) -> dict[str, Any]:
-    result = {"skipped": reason, "table": [row("Ray encoding", "skipped", "", reason)]}
-    result["environment"] = environment()
-    return finish(result, clock)
+    return finish({"skipped": reason, "table": [row("Ray encoding", "skipped", "", reason)]}, clock)
 
 
 def start_cluster() -> tuple[Any, float]:
@@ -63,35 +61,15 @@ def start_cluster() -> tuple[Any, float]:
     return cluster, time.perf_counter() - t0
 
 
-def bench_ray_encoding(quick: bool = True, full: bool = False, tiny: bool = False, n_texts: int | None = None,
-                       ray_batch_size: int | None = None) -> dict[str, Any]:
-    """Embedding stage on Ray Data (RayDataEmbedder, 1 actor x 2 threads and 2 actors x 1
-    thread, on a local head + worker cluster) vs the local stage, on 1000 PubMedQA chunks (2000
-    with full); cluster start-up and actor start reported separately."""
-    clock = start()
-    for module in ("ray", "pyarrow"):
-        if importlib.util.find_spec(module) is None:
-            return _skipped(f"{module} is not installed (pip install -e \".[distributed]\")", clock)
+def ray_runs(sides: dict[str, Any], order: list[str],
+             texts: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[np.ndarray]], float, float]:
+    """Each side of `order` encodes `texts` (encode_to_npy) on a cluster started here: (the runs,
+    each side's vectors, cluster start seconds, driver connect seconds)."""
     import ray
 
     from rag.artifacts import encode_to_npy
-    from rag.embedder.ray_data import RayDataEmbedder, loopback_ray
+    from rag.embedder.ray_data import loopback_ray
 
-    n_texts = n_texts or (48 if tiny else 2000 if full else 1000)
-    ray_batch_size = ray_batch_size or (16 if tiny else 128)
-    texts = pubmedqa_chunks(n_texts)
-    local = make_embedder("minilm_torch")
-    t0 = time.perf_counter()
-    local.model
-    load_s = time.perf_counter() - t0
-    local.encode(texts[:16])  # warm-up (first-call allocations)
-
-    def ray_embedder(workers: int) -> RayDataEmbedder:
-        return make_embedder("minilm_ray", device="cpu", num_workers=workers, num_cpus_per_worker=CORES // workers,
-                             ray_batch_size=ray_batch_size, min_texts=0)
-
-    sides = {"local": local, "ray1": ray_embedder(1), "ray2": ray_embedder(2)}
-    order = ["local", "ray1", "ray2"] if tiny else ["local", "ray1", "ray2", "ray2", "ray1", "local"]
     runs: list[dict[str, Any]] = []
     vectors: dict[str, list[np.ndarray]] = {s: [] for s in sides}
     cluster, cluster_start_s = start_cluster()
@@ -125,6 +103,32 @@ def bench_ray_encoding(quick: bool = True, full: bool = False, tiny: bool = Fals
     finally:
         ray.shutdown()
         cluster.shutdown()
+    return runs, vectors, cluster_start_s, connect_s
+
+
+def bench_ray_encoding(quick: bool = True, full: bool = False, tiny: bool = False, n_texts: int | None = None,
+                       ray_batch_size: int | None = None) -> dict[str, Any]:
+    """Embedding stage on Ray Data (RayDataEmbedder, 1 actor x 2 threads and 2 actors x 1
+    thread, on a local head + worker cluster) vs the local stage, on 1000 PubMedQA chunks (2000
+    with full); cluster start-up and actor start reported separately."""
+    clock = start()
+    for module in ("ray", "pyarrow"):
+        if importlib.util.find_spec(module) is None:
+            return _skipped(f"{module} is not installed (pip install -e \".[distributed]\")", clock)
+    from rag.embedder.ray_data import RayDataEmbedder
+
+    n_texts = n_texts or (48 if tiny else 2000 if full else 1000)
+    ray_batch_size = ray_batch_size or (16 if tiny else 128)
+    texts = pubmedqa_chunks(n_texts)
+    local, load_s = loaded_embedder(texts)
+
+    def ray_embedder(workers: int) -> RayDataEmbedder:
+        return make_embedder("minilm_ray", device="cpu", num_workers=workers, num_cpus_per_worker=CORES // workers,
+                             ray_batch_size=ray_batch_size, min_texts=0)
+
+    sides = {"local": local, "ray1": ray_embedder(1), "ray2": ray_embedder(2)}
+    order = ["local", "ray1", "ray2"] if tiny else ["local", "ray1", "ray2", "ray2", "ray1", "local"]
+    runs, vectors, cluster_start_s, connect_s = ray_runs(sides, order, texts)
 
     reference = vectors["local"][0]
     max_abs = {s: float(max(np.abs(v - reference).max() for v in vs)) for s, vs in vectors.items()}
@@ -138,9 +142,7 @@ def bench_ray_encoding(quick: bool = True, full: bool = False, tiny: bool = Fals
     n = len(texts)
     per_side = {s: round(n * sum(r["side"] == s for r in runs) / total(s), 2) for s in sides}
     result: dict[str, Any] = {
-        "n_texts": n,
-        "mean_chars": round(sum(map(len, texts)) / n, 1),
-        "batch_size": local.batch_size,
+        **texts_facts(texts, local.batch_size),
         "ray_batch_size": ray_batch_size,
         "cores": CORES,
         "layouts": {"ray1": "1 actor x 2 CPUs, 2 torch threads", "ray2": "2 actors x 1 CPU, 1 torch thread each",
@@ -169,14 +171,20 @@ def bench_ray_encoding(quick: bool = True, full: bool = False, tiny: bool = Fals
     result["ray2_vs_local_cpu"] = ratio(cpu_per_1k["local"], cpu_per_1k["ray2"])
     result["ray1_steady_vs_local"] = ratio(result["ray1_steady_chunks_per_s"], per_side["local"])
     result["ray2_steady_vs_local"] = ratio(result["ray2_steady_chunks_per_s"], per_side["local"])
-    repeats = sum(r["side"] == "ray1" for r in runs)
+    result["table"] = ray_table(result)
+    return finish(result, clock)
+
+
+def ray_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    repeats = sum(r["side"] == "ray1" for r in result["runs"])
+    cpu_per_1k = result["cpu_s_per_1000_chunks"]
     note_runs = f"{repeats} runs each, mirrored order" if repeats > 1 else "1 run each"
-    result["table"] = [
-        row("local embedding stage (encode_to_npy, SentenceTransformerEmbedder)", per_side["local"], "chunks/s",
-            f"{n} PubMedQA chunks, ~{result['mean_chars']:.0f} chars, batch {local.batch_size}; model loaded"),
-        row("Ray, 1 actor x 2 threads: whole stage", per_side["ray1"], "chunks/s",
+    return [
+        row("local embedding stage (encode_to_npy, SentenceTransformerEmbedder)", result["local_chunks_per_s"], "chunks/s",
+            texts_note(result) + "; model loaded"),
+        row("Ray, 1 actor x 2 threads: whole stage", result["ray1_chunks_per_s"], "chunks/s",
             f"{note_runs}; includes actor start + model load (~{result['ray1_startup_s']} s)"),
-        row("Ray, 2 actors x 1 thread: whole stage", per_side["ray2"], "chunks/s",
+        row("Ray, 2 actors x 1 thread: whole stage", result["ray2_chunks_per_s"], "chunks/s",
             f"includes actor start + model load (~{result['ray2_startup_s']} s)"),
         row("**Ray 1 actor / local (whole stage)**", result["ray1_vs_local"], "x", ""),
         row("**Ray 2 actors / local (whole stage)**", result["ray2_vs_local"], "x", ""),
@@ -193,5 +201,3 @@ def bench_ray_encoding(quick: bool = True, full: bool = False, tiny: bool = Fals
         row("max |Ray - local| vector difference", result["max_abs_diff_vs_local"], "",
             f"local vs its own repeat: {result['max_abs_diff_local_repeat']}"),
     ]
-    result["environment"] = environment()
-    return finish(result, clock)
