@@ -25,7 +25,7 @@ INDEX_FILE = "index.faiss"
 # Below this many queries a search runs on one OpenMP thread. FAISS's thread pool costs more to
 # wake and join than a single query's scan saves: on 2 cores, a flat 100k single query took 24-32
 # ms on two threads vs 6-7 ms on one, and 99 vs 79 ms at 1M (docs/bench.md). Retrieval asks one
-# question at a time (Retriever.search_timed), so this is the latency every run reports.
+# question at a time (rag.query.retrieve_rerank), so this is the latency every run reports.
 FEW_QUERIES = 8
 
 

@@ -25,11 +25,12 @@ from rag.artifacts import Answers, answers_key
 from rag.cache import atomic_write_text
 from rag.corpus.slicing import answer_subset
 from rag.llm.answer_cache import dry_run_plan, usage_totals
-from rag.output import format_table, write_report, write_results, trec_files  # noqa: F401 - format_table: run.py's
+from rag.output import format_table, trec_files, write_report, write_results  # noqa: F401 - format_table: run.py's
 from rag.query import retrieve_rerank
 from rag.retriever import SourceFilter
 from rag.routing import routing_report
-from rag.session import Session, container, create as build, open_session  # noqa: F401 - build: benchmarks still import it here
+from rag.result import Objective, RunResult
+from rag.session import Session, container, open_session
 from rag.types import Context, Hits
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         )
     judge_stats = run_judge(session, records, aggregates, out.answers, contexts) if session.judge is not None else None
     add_details(records, ranked, out, contexts)
-    result = assemble(session, ranked, out, aggregates, judge_stats)
+    result = assemble(session, ranked, out, aggregates, judge_stats).to_json()
     write_results(output_dir, result, records, trec_files(result["variant"], records, session.qa))
     write_report(cfg, output_dir)
     return result
@@ -142,15 +143,19 @@ def add_details(records: list[dict[str, Any]], ranked: Ranked, out: Answered, co
 
 
 def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[str, Any],
-             judge_stats: dict[str, Any] | None) -> dict[str, Any]:
-    """The metrics document (metrics.json)."""
-    cfg, overall = session.cfg, aggregates["overall"]
-    result = {
-        "variant": cfg.get("variant", "custom"),
-        "objective": {"name": cfg.objective, "value": overall[cfg.objective]["mean"]},
-        "metrics": overall,
-        "by_corpus": aggregates["by_corpus"],
-        "counts": {
+             judge_stats: dict[str, Any] | None) -> RunResult:
+    """The run's result (metrics.json)."""
+    cfg, overall, retriever = session.cfg, aggregates["overall"], session.retriever
+    routing = None
+    if ranked.route_ms is not None:
+        routing = {"method": retriever.router.method,
+                   **routing_report(ranked.filters, [q.corpus for q in session.qa], retriever.source_filter.get("groups"))}
+    return RunResult(
+        variant=cfg.get("variant", "custom"),
+        objective=Objective(cfg.objective, overall[cfg.objective]["mean"]),
+        metrics=overall,
+        by_corpus=aggregates["by_corpus"],
+        counts={
             "documents": len(session.docs),
             "documents_in_full_corpus": session.n_docs_total,
             "chunks": len(session.chunk_set),
@@ -158,21 +163,15 @@ def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[s
             "answered_questions": 0 if out.answers is None else sum(a is not None for a in out.answers),
             "skipped_inputs": len(session.skipped),
         },
-        # which part of a split question set was scored (rag/qa.py QuestionSplit)
-        "qa_split": container(cfg.qa.get("split")),
-        "latency": latency_summary(ranked.latency_rows, ranked.latency_ms, out.generate_ms, ranked.route_ms),
-        "latency_method": ranked.latency_method,
-        **usage_section(out.made, judge_stats),
-        "timings_s": session.timer.as_dict(),
-        "artifacts": session.artifacts.record,
-        "config": container(cfg),
-    }
-    if ranked.route_ms is not None:
-        retriever = session.retriever
-        result["routing"] = {"method": retriever.router.method,
-                             **routing_report(ranked.filters, [q.corpus for q in session.qa],
-                                              retriever.source_filter.get("groups"))}
-    return result
+        qa_split=container(cfg.qa.get("split")),  # which part of a split question set was scored (rag/qa.py)
+        latency=latency_summary(ranked.latency_rows, ranked.latency_ms, out.generate_ms, ranked.route_ms),
+        latency_method=ranked.latency_method,
+        usage=usage_section(out.made, judge_stats),
+        timings_s=session.timer.as_dict(),
+        artifacts=session.artifacts.record,
+        config=container(cfg),
+        routing=routing,
+    )
 
 
 def run_judge(session: Session, records: list[dict[str, Any]], aggregates: dict[str, Any],
@@ -227,16 +226,16 @@ def eval_chunk_vectors(session: Session) -> np.ndarray | None:
     return None
 
 
-def usage_section(made: Answers | None, judge_stats: dict[str, Any] | None) -> dict[str, Any]:
-    """metrics.json's `usage`: requests this run sent, answers taken from the cache, and the
-    tokens the answers cost when they were generated (llm=openai; and the judge's)."""
+def usage_section(made: Answers | None, judge_stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    """metrics.json's `usage` (None: no key): requests this run sent, answers taken from the cache,
+    and the tokens the answers cost when they were generated (llm=openai; and the judge's)."""
     out: dict[str, Any] = {}
     if made is not None and made.details is not None:
         out["generate"] = {"requests_sent": made.requests, "answers_from_cache": made.resumed,
                            **usage_totals(made.details)}
     if judge_stats is not None:
         out["judge"] = judge_stats
-    return {"usage": out} if out else {}
+    return out or None
 
 
 def spread(values: list[Any], rows: list[int], n: int, fill: Any = None) -> list[Any]:

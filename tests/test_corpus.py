@@ -540,3 +540,15 @@ def test_mixed_corpus_from_hydra_config(tmp_path, convert):
     assert [d.id for d in instantiate(cfg, _convert_=convert).load()] == ["a1", "b1"]
     # built without recursion, the parts are instantiated by MixedCorpus itself
     assert [d.id for d in instantiate(cfg, _recursive_=False).load()] == ["a1", "b1"]
+
+
+def test_pytorch_signatures_carry_no_memory_address():
+    """A default value's repr holds an address that differs in every process; the corpus text
+    (and so chunks, vectors and scores) must be the same in every build."""
+    from rag.corpus.pytorch import _signature
+
+    def f(x, fn=lambda: None, g=print):
+        return x
+
+    sig = _signature(f)
+    assert " at 0x" not in sig and "<function test_pytorch_signatures_carry_no_memory_address.<locals>.<lambda>>" in sig

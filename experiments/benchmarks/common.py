@@ -343,7 +343,7 @@ def pubmedqa_chunks(n: int) -> list[str]:
     from omegaconf import OmegaConf
 
     from rag.corpus import PubMedQACorpus
-    from rag.pipeline import build
+    from rag.session import create as build
 
     docs = PubMedQACorpus(pubmedqa_path()).load()
     chunker = build(OmegaConf.load(PROJECT_ROOT / "conf" / "chunker" / "sliding_window.yaml"))

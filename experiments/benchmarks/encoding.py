@@ -29,7 +29,7 @@ def make_embedder(name: str = "minilm_torch", **overrides: Any) -> Any:
     """The embedder as a run builds it from `embedder=<name>` (composed, so a config that extends
     another works; progress bars off)."""
     from experiments.benchmarks.common import compose
-    from rag.pipeline import build
+    from rag.session import create as build
 
     node = compose([f"embedder={name}"]).embedder
     node.show_progress = False

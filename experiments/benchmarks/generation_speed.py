@@ -36,7 +36,8 @@ BEFORE = {"runtime": "generate", "batch_size": 4, "num_threads": 1, "dtype": "fl
 
 def v3_prompts(n_per_corpus: int, overrides: list[str] = ()) -> dict[str, Any]:
     """Questions, their v3 contexts and ground truths, `n_per_corpus` of each corpus."""
-    from rag.pipeline import open_session, rerank_timed
+    from rag.query import retrieve_rerank_all
+    from rag.session import open_session
 
     cfg = compose(["+version=v3", "llm=none", "embedder.show_progress=false", *overrides])
     s = open_session(cfg)
@@ -49,8 +50,8 @@ def v3_prompts(n_per_corpus: int, overrides: list[str] = ()) -> dict[str, Any]:
         rows += [members[j] for j in pick]
     qa = [s.qa[i] for i in rows]
     queries = [q.question for q in qa]
-    fused = s.retriever.search_each(queries, s.depth, s.retriever.filters_for([q.corpus for q in qa], queries))
-    hits, _ = rerank_timed(s.reranker, queries, fused, s.chunk_set.chunks, s.settings.k)
+    filters = s.retriever.filters_for([q.corpus for q in qa], queries)
+    hits = retrieve_rerank_all(s.retriever, s.reranker, queries, filters, s.depth, s.chunk_set.chunks, s.settings.k)
     contexts = s.context_builder.build(hits, s.chunk_set)
     return {"questions": queries, "contexts": contexts, "truths": [q.answer for q in qa],
             "corpora": [q.corpus for q in qa], "llm": dict(cfg_llm(overrides))}
@@ -161,7 +162,7 @@ def answer_scores(answers: list[str], prompts: dict[str, Any], tau_h: float = 0.
     """answer-GT, grounding and hallucination per question (eval/metrics.py, conf/eval's embedder)."""
     from eval import metrics as M
     from eval.scoring import ScoreSettings
-    from rag.pipeline import build
+    from rag.session import create as build
 
     embedder = build(compose([]).eval.embedder)
     sep = ScoreSettings.__dataclass_fields__["context_separator"].default

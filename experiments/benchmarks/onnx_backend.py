@@ -65,7 +65,7 @@ def speed_and_vectors(texts: list[str], cache_dir: Path, blocks: int) -> dict[st
             vecs[name].append(embedders[name].encode(part))
             times[name] += time.perf_counter() - t0
     full = {k: np.concatenate(v) for k, v in vecs.items()}
-    # One question at a time, as retrieval encodes them (search_timed): latency, not throughput.
+    # One question at a time, as retrieval encodes them (rag.query.retrieve_rerank): latency, not throughput.
     questions = pubmedqa_questions(30)
     query_ms = {}
     for name in names:

@@ -1,5 +1,5 @@
 """Per-question retrieval latency on the full corpus: the harness's retrievers (rag.retriever, as
-a run times them: `search_timed`, one question at a time, memo bypassed) against FAISS and bm25s
+a run times them: `search_one(..., reuse=False)`, one question at a time, never from memory) against FAISS and bm25s
 called directly on the same vectors, index files and query tokens.
 
 The full `mixed` corpus (slice off) cut by the default chunker, the default embedder; the flat
@@ -93,7 +93,7 @@ def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool =
                             full_corpus: bool = True) -> dict[str, Any]:
     """Per-question retrieval latency (p50/p95) on the full corpus: dense flat, dense HNSW, BM25 and
     hybrid through the harness, against FAISS and bm25s called directly on the same data."""
-    from rag.pipeline import build, open_session
+    from rag.session import create as build, open_session
 
     clock = start()
     n_q = n_questions or (8 if tiny else 400 if full else 200)
@@ -108,7 +108,7 @@ def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool =
         pick = np.unique(np.linspace(0, len(qs) - 1, min(n_q, len(qs))).round().astype(int))
         queries = [qs[i] for i in pick]
         k, r = s.settings.k, s.retriever
-        harness = _timed(lambda q, r=r, k=k: r.search_timed([q], k), queries, warmup, repeats)
+        harness = _timed(lambda q, r=r, k=k: r.search_one(q, k, None, reuse=False), queries, warmup, repeats)
         res: dict[str, Any] = {"harness": _pct(harness), "chunks": len(s.chunk_set), "questions": len(queries)}
         if name in ("flat", "hnsw"):
             res.update(_dense(r, queries, k, warmup, repeats))

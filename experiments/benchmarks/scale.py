@@ -112,8 +112,9 @@ def scale_case(n_docs: int, workdir: str, dim: int = 384) -> dict[str, Any]:
     embedder = SyntheticEmbedder(dim)
     arts = Artifacts(cache, chunk_set)
     _phase("vectors: encode_to_npy + checksum + publish", lambda: arts.vectors(embedder), phases)
-    bm25 = _phase("BM25 (bm25s): tokenize + index + save", lambda: arts.bm25(BM25Index()), phases)
-    index = _phase("flat index (FlatIP): build from the memory map + save", lambda: arts.vector_index(embedder, FlatIPIndex()), phases)
+    bm25 = _phase("BM25 (bm25s): tokenize + index + save", lambda: arts.bm25(BM25Index())[0], phases)
+    index = _phase("flat index (FlatIP): build from the memory map + save",
+                   lambda: arts.vector_index(embedder, FlatIPIndex())[0], phases)
     overall_peak = max(p["peak_rss_mb"] for p in phases)
     overall_anon = max(p["peak_anon_mb"] for p in phases)
 

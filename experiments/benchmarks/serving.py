@@ -30,20 +30,21 @@ from experiments.benchmarks.common import compose, environment, finish, main_cac
 def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) -> tuple[Any, list[str], list[list[Any]]]:
     """(llm config, questions, contexts) of a v3 run on the default slice, retrieval artifacts
     from (or built into) the cache."""
-    from rag.pipeline import open_session, rerank_timed
+    from rag.query import retrieve_rerank_all
+    from rag.session import open_session
 
     cfg = compose(["+version=v3", f"slice.questions_per_corpus={n_per_corpus}", f"paths.cache={cache}", *(extra or [])])
     session = open_session(cfg)
     queries = [q.question for q in session.qa]
-    fused, _ = session.retriever.search_timed(queries, session.depth, session.retriever.filters_for(
-        [q.corpus for q in session.qa], queries))
-    hits, _ = rerank_timed(session.reranker, queries, fused, session.chunk_set.chunks, session.settings.k)
+    filters = session.retriever.filters_for([q.corpus for q in session.qa], queries)
+    hits = retrieve_rerank_all(session.retriever, session.reranker, queries, filters, session.depth,
+                               session.chunk_set.chunks, session.settings.k)
     return cfg.llm, queries, session.context_builder.build(hits, session.chunk_set)
 
 
 def _in_process(llm_cfg: Any, batch_size: int, questions: list[str], contexts: list[list[Any]]) -> dict[str, Any]:
     from rag.llm.hf import HFGenerator
-    from rag.pipeline import build
+    from rag.session import create as build
 
     gen: HFGenerator = build(llm_cfg)
     gen.batch_size = batch_size

@@ -153,9 +153,14 @@ def _doc(obj: Any) -> str:
     return inspect.cleandoc(doc) if isinstance(doc, str) else ""
 
 
+# A default value's repr may hold its memory address ("<function noop_context_fn at 0x7f27...>"),
+# which differs in every process: the corpus text, its chunks and their scores must not.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
+
+
 def _signature(obj: Any) -> str:
     try:
-        return str(inspect.signature(obj))
+        return _ADDRESS.sub(">", str(inspect.signature(obj)))
     except Exception:  # builtins without text signatures, odd callables
         return ""
 
@@ -220,6 +225,7 @@ class PyTorchCorpus(Corpus):
             "modules": self.modules,
             "docs_dir": str(self.docs_dir) if self.docs_dir else None,
             "include_docstrings": self.include_docstrings,
+            "render": 2,  # 2: memory addresses removed from signatures
         }
 
     def inputs(self) -> Any:
