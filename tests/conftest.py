@@ -72,19 +72,17 @@ ONNX_EXPORT_CACHE = Path(tempfile.gettempdir()) / "ragrig-test-onnx-export"
 
 
 def tiny_overrides(files: dict[str, Path]) -> list[str]:
+    """The tiny corpus through `debug=tiny` (conf/debug/tiny.yaml: JSONL corpus and questions used
+    whole, no progress bars, 200 bootstrap resamples), with small chunks so that each document
+    gives several."""
     return [
+        "debug=tiny",
         f"embedder.cache_dir={ONNX_EXPORT_CACHE}",
-        "corpus=jsonl",
         f"corpus.path={files['corpus']}",
-        "qa=jsonl",
         f"qa.path={files['qa']}",
-        "slice.docs_per_source=null",
-        "slice.questions_per_corpus=null",
         f"paths.cache={files['cache']}",
         "chunker.chunk_size=120",
         "chunker.chunk_overlap=20",
-        "embedder.show_progress=false",
-        "eval.bootstrap.resamples=200",
     ]
 
 

@@ -198,9 +198,8 @@ def test_retrieval_latency_tiny(tmp_path):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS])
     qa = write_jsonl(tmp_path / "q.jsonl", [{"id": i, "question": q, "answer": a, "source": s, "corpus": c}
                                            for i, q, a, s, c in TINY_QA])
-    ov = ["corpus=jsonl", f"corpus.path={corpus}", "qa=jsonl", f"qa.path={qa}", "slice.docs_per_source=null",
-          "slice.questions_per_corpus=null", f"paths.cache={tmp_path / 'cache'}", "chunker.chunk_size=120",
-          "chunker.chunk_overlap=20", "embedder.show_progress=false"]
+    ov = ["debug=tiny", f"corpus.path={corpus}", f"qa.path={qa}", f"paths.cache={tmp_path / 'cache'}",
+          "chunker.chunk_size=120", "chunker.chunk_overlap=20"]
     res = bench_retrieval_latency(tiny=True, repeats=2, warmup=1, overrides=ov)
     _check_table(res)
     r = res["results"]
@@ -220,8 +219,7 @@ def test_generation_speed_tiny(tmp_path):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS])
     qa = write_jsonl(tmp_path / "q.jsonl", [{"id": i, "question": q, "answer": a, "source": s, "corpus": c}
                                            for i, q, a, s, c in TINY_QA])
-    ov = ["corpus=jsonl", f"corpus.path={corpus}", "qa=jsonl", f"qa.path={qa}", "slice.docs_per_source=null",
-          "slice.questions_per_corpus=null", "chunker.chunk_size=120", "chunker.chunk_overlap=20"]
+    ov = ["debug=tiny", f"corpus.path={corpus}", f"qa.path={qa}", "chunker.chunk_size=120", "chunker.chunk_overlap=20"]
     res = bench_generation_speed(tiny=True, overrides=ov)
     _check_table(res)
     assert res["generation_identical_share"] == 1.0 and res["generation_speedup"] > 0

@@ -57,9 +57,8 @@ def data(root) -> dict[str, Path]:
 
 
 def overrides(data: dict[str, Path], cache: Path, *extra: str) -> list[str]:
-    return ["+version=v3", "corpus=jsonl", f"corpus.path={data['corpus']}", "qa=jsonl", f"qa.path={data['qa']}",
-            "slice.docs_per_source=null", "slice.questions_per_corpus=null", "chunker.chunk_size=120",
-            "chunker.chunk_overlap=20", "eval.bootstrap.resamples=200", f"paths.cache={cache}", *extra]
+    return ["+version=v3", "debug=tiny", f"corpus.path={data['corpus']}", f"qa.path={data['qa']}",
+            "chunker.chunk_size=120", "chunker.chunk_overlap=20", f"paths.cache={cache}", *extra]
 
 
 def served(data, cache, base_url: str, folder: str, *extra: str) -> list[str]:
