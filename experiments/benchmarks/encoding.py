@@ -29,13 +29,13 @@ def make_embedder(name: str = "minilm_torch", **overrides: Any) -> Any:
     """The embedder as a run builds it from `embedder=<name>` (composed, so a config that extends
     another works; progress bars off)."""
     from experiments.benchmarks.common import compose
-    from rag.session import create as build
+    from rag.session import create
 
     node = compose([f"embedder={name}"]).embedder
     node.show_progress = False
     for k, v in overrides.items():
         node[k] = v
-    return build(node)
+    return create(node)
 
 
 def loaded_embedder(texts: list[str]) -> tuple[Any, float]:

@@ -36,9 +36,9 @@ FULL_ONLY = {("hnsw", 1_000_000): "HNSW build at 1M takes ~15-30 min on 2 cores"
 
 def make_index(name: str) -> Any:
     """The index exactly as a run builds it from conf/index/<name>.yaml."""
-    from rag.session import create as build
+    from rag.session import create
 
-    return build(OmegaConf.load(PROJECT_ROOT / "conf" / "index" / f"{name}.yaml"))
+    return create(OmegaConf.load(PROJECT_ROOT / "conf" / "index" / f"{name}.yaml"))
 
 
 def bandwidth_floor(x: np.ndarray, repeats: int = 9) -> dict[str, float]:

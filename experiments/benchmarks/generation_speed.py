@@ -162,9 +162,9 @@ def answer_scores(answers: list[str], prompts: dict[str, Any], tau_h: float = 0.
     """answer-GT, grounding and hallucination per question (eval/metrics.py, conf/eval's embedder)."""
     from eval import metrics as M
     from eval.scoring import ScoreSettings
-    from rag.session import create as build
+    from rag.session import create
 
-    embedder = build(compose([]).eval.embedder)
+    embedder = create(compose([]).eval.embedder)
     sep = ScoreSettings.__dataclass_fields__["context_separator"].default
     e_t = embedder.encode(prompts["truths"], show_progress=False)
     e_c = embedder.encode([sep.join(c.text for c in ctx) for ctx in prompts["contexts"]], show_progress=False)

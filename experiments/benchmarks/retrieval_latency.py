@@ -93,7 +93,7 @@ def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool =
                             full_corpus: bool = True) -> dict[str, Any]:
     """Per-question retrieval latency (p50/p95) on the full corpus: dense flat, dense HNSW, BM25 and
     hybrid through the harness, against FAISS and bm25s called directly on the same data."""
-    from rag.session import create as build, open_session
+    from rag.session import create, open_session
 
     clock = start()
     n_q = n_questions or (8 if tiny else 400 if full else 200)
@@ -115,7 +115,7 @@ def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool =
         elif name == "bm25":
             res.update(_bm25(r, queries, k, warmup, repeats))
         else:
-            res.update(_hybrid(r, build(cfg.fusion), queries, k, warmup, repeats))
+            res.update(_hybrid(r, create(cfg.fusion), queries, k, warmup, repeats))
         results[name] = res
     return finish({"table": table(results, repeats, warmup), "results": results, "environment": environment()}, clock)
 

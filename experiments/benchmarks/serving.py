@@ -44,9 +44,9 @@ def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) ->
 
 def _in_process(llm_cfg: Any, batch_size: int, questions: list[str], contexts: list[list[Any]]) -> dict[str, Any]:
     from rag.llm.hf import HFGenerator
-    from rag.session import create as build
+    from rag.session import create
 
-    gen: HFGenerator = build(llm_cfg)
+    gen: HFGenerator = create(llm_cfg)
     gen.batch_size = batch_size
     gen.warm_up()
     gen.generate(questions[:2], contexts[:2])
