@@ -104,6 +104,7 @@ class MemoryTier:
         "chunks": 4,            # chunk sets
         "candidates": 200_000,  # one question's candidate list (a few hundred bytes)
         "eval_vectors": 50_000, # the evaluation embedder's vector of one text (~1.5 KB)
+        "routers": 16,          # fitted source routers (rag.routing)
     }
 
     def __init__(self) -> None:

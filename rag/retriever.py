@@ -96,7 +96,8 @@ class Retriever:
             embedder = self._dense_part().embedder
             vectors = artifacts.vectors(embedder)
             with artifacts.timer.stage("route_fit"):
-                self.router.fit(vectors, artifacts.chunk_set.sources, key=artifacts.vectors_key(embedder))
+                self.router.fit(vectors, artifacts.chunk_set.sources, key=artifacts.vectors_key(embedder),
+                                memory=artifacts.cache.memory)
         return self
 
     def _prepare(self, artifacts: Artifacts) -> None:

@@ -14,17 +14,16 @@ against the questions' corpus tags is reported per run (`routing` in metrics.jso
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from rag.cache import MemoryTier
 from rag.types import RagError
 
 METHODS = ("centroid", "logistic")
 _FIT_SEED = 0
-_fitted: OrderedDict[tuple, Any] = OrderedDict()  # (vectors key, groups, method) -> model; a sweep fits once
 
 
 def group_map(groups: Any) -> dict[str, frozenset[str]]:
@@ -61,16 +60,17 @@ class Router:
         self.groups: list[frozenset[str]] = []
         self._model: Any = None
 
-    def fit(self, vectors: np.ndarray, sources: np.ndarray, key: str | None = None) -> "Router":
-        """`vectors[i]` and `sources[i]` of chunk row i. `key` (the vectors' artifact key) lets a
-        process fit each model once."""
+    def fit(self, vectors: np.ndarray, sources: np.ndarray, key: str | None = None,
+            memory: MemoryTier | None = None) -> "Router":
+        """`vectors[i]` and `sources[i]` of chunk row i. With `key` (the vectors' artifact key) and
+        the cache's memory tier, the jobs of a sweep in one process fit each model once."""
         sources = np.asarray(sources, dtype=object)
         present = sorted({group_of(s, self.group_map) for s in set(sources.tolist())}, key=sorted)
         self.groups = present
         labels = np.array([present.index(group_of(s, self.group_map)) for s in sources.tolist()], np.int64)
-        memo_key = None if key is None else (key, tuple(tuple(sorted(g)) for g in present), self.method)
-        if memo_key is not None and memo_key in _fitted:
-            self._model = _fitted[memo_key]
+        memo_key = None if key is None or memory is None else (key, tuple(tuple(sorted(g)) for g in present), self.method)
+        if memo_key is not None and memory.get("routers", memo_key) is not None:
+            self._model = memory.get("routers", memo_key)
             return self
         if len(present) < 2:
             self._model = None
@@ -82,10 +82,8 @@ class Router:
 
             clf = LogisticRegression(class_weight="balanced", max_iter=1000, random_state=_FIT_SEED)
             self._model = clf.fit(_normalize(vectors), labels)
-        if memo_key is not None:
-            _fitted[memo_key] = self._model
-            while len(_fitted) > 16:
-                _fitted.popitem(last=False)
+        if memo_key is not None and self._model is not None:
+            memory.put("routers", memo_key, self._model)
         return self
 
     def route(self, query_vectors: np.ndarray) -> list[frozenset[str]]:
