@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -65,15 +64,8 @@ def tiny_files(tmp_path: Path) -> dict[str, Path]:
     return {"corpus": corpus, "qa": qa, "cache": tmp_path / "cache", "out": tmp_path / "out"}
 
 
-# The default embedder runs on ONNX Runtime, exported once into an artifact cache. Tests that use
-# a fresh cache per test share this one for the export, so it is made once per machine, not once
-# per test (the export is keyed by the model files and library versions, so reusing it is safe).
-ONNX_EXPORT_CACHE = Path(tempfile.gettempdir()) / "ragrig-test-onnx-export"
-
-
 def tiny_overrides(files: dict[str, Path]) -> list[str]:
     return [
-        f"embedder.cache_dir={ONNX_EXPORT_CACHE}",
         "corpus=jsonl",
         f"corpus.path={files['corpus']}",
         "qa=jsonl",
