@@ -172,6 +172,7 @@ class RayEngine:
         cache_root = str(embedder.cache.root) if embedder.backend == "onnx" else None
         return {"settings": settings, "threads": threads, "cache_root": cache_root}
 
+    @contextlib.contextmanager
     def _connection(self) -> Iterator[Any]:
         ray = _import_ray()
         if ray.is_initialized():
