@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rag.corpus.base import as_path, claim_id, file_fingerprint, iter_jsonl, string_field
+from rag.corpus.base import as_path, file_fingerprint, jsonl_records, string_field
 from rag.corpus.beir import BeirQuestions
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
 from rag.corpus.pubmedqa import document_text, load_pubmedqa, pmid_id
@@ -228,11 +228,7 @@ class JsonlQuestions(QuestionSet):
 
     def items(self) -> list[QAItem]:
         items: list[QAItem] = []
-        first_line: dict[str, int] = {}
-        for lineno, obj in iter_jsonl(self.path):
-            where = f"{self.path}:{lineno}"
-            qid = string_field(obj, "id", where)
-            claim_id(first_line, qid, lineno, where, "question")
+        for where, qid, obj in jsonl_records(self.path, "id", "question"):
             relevant = parse_relevant(obj.get("relevant"), where)
             items.append(
                 QAItem(

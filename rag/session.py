@@ -24,6 +24,7 @@ from rag.chunker.token import TokenChunker
 from rag.context import ContextBuilder
 from rag.corpus.slicing import slice_documents, slice_questions
 from rag.llm import Generator, NoGenerator
+from rag.models import use_cache
 from rag.reranker.base import Reranker
 from rag.retriever import Retriever
 from rag.schema import validate
@@ -112,7 +113,8 @@ def open_session(cfg: DictConfig, askers: list[Asker] = ()) -> Session:
     # A relative cache path means the directory the command was started in, also for a job that
     # a launcher runs in another directory or on another node (Hydra carries that directory along).
     cache = ArtifactCache(to_absolute_path(str(cfg.paths.cache)))
-    parts = create_components(cfg, cache)
+    models = ArtifactCache(to_absolute_path(str(cfg.paths.get("model_cache") or cfg.paths.cache)))
+    parts = create_components(cfg, models)
     artifacts = Artifacts(cache, timer=timer)
 
     with timer.stage("corpus"):
@@ -140,9 +142,10 @@ def open_session(cfg: DictConfig, askers: list[Asker] = ()) -> Session:
     return session
 
 
-def create_components(cfg: DictConfig, cache: ArtifactCache) -> Components:
+def create_components(cfg: DictConfig, models: ArtifactCache) -> Components:
     """Every component of `cfg`, checked against each other; components that build or load a model
-    artifact (the ONNX export, the LLM's conversion, the cross-encoder) get the session's cache."""
+    artifact (the ONNX export, the LLM's conversion, the cross-encoder) get the session's model
+    cache (`paths.model_cache`, by default the artifact cache itself)."""
     settings = ScoreSettings(
         k=cfg.eval.k,
         tau_recall=cfg.eval.tau_recall,
@@ -164,8 +167,7 @@ def create_components(cfg: DictConfig, cache: ArtifactCache) -> Components:
     parts = Components(settings, corpus, questions, chunker, retriever, reranker, generator, eval_embedder,
                        context_builder, latency_settings, judge)
     for part in (parts.chunker, parts.retriever, parts.reranker, parts.generator, parts.eval_embedder):
-        if hasattr(part, "use_cache"):
-            part.use_cache(cache)
+        use_cache(part, models)
     return parts
 
 

@@ -65,10 +65,9 @@ def tiny_files(tmp_path: Path) -> dict[str, Path]:
     return {"corpus": corpus, "qa": qa, "cache": tmp_path / "cache", "out": tmp_path / "out"}
 
 
-# The default embedder runs on ONNX Runtime, exported once into an artifact cache. Tests that use
-# a fresh cache per test share this one for the export, so it is made once per machine, not once
-# per test (the export is keyed by the model files and library versions, so reusing it is safe).
-ONNX_EXPORT_CACHE = Path(tempfile.gettempdir()) / "ragrig-test-onnx-export"
+# The tests' model artifacts (the embedder's ONNX export) are shared by every test of a session:
+# exporting once per test's own cache would cost 10-20 s each.
+MODEL_CACHE = Path(tempfile.gettempdir()) / "ragrig-test-model-cache"
 
 
 def tiny_overrides(files: dict[str, Path]) -> list[str]:
@@ -77,7 +76,7 @@ def tiny_overrides(files: dict[str, Path]) -> list[str]:
     gives several."""
     return [
         "debug=tiny",
-        f"embedder.cache_dir={ONNX_EXPORT_CACHE}",
+        f"paths.model_cache={MODEL_CACHE}",
         f"corpus.path={files['corpus']}",
         f"qa.path={files['qa']}",
         f"paths.cache={files['cache']}",

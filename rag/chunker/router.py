@@ -33,6 +33,13 @@ class RoutedChunker(BaseChunker):
             default = _resized("chunker.default", default, self.chunk_size)
         self.routes, self.default = routes, default
 
+    def use_cache(self, cache: Any) -> None:
+        """The session's model cache, for the routed chunkers that hold a model."""
+        from rag.models import use_cache
+
+        for chunker in [*self.routes.values(), self.default]:
+            use_cache(chunker, cache)
+
     def chunker_for(self, source: str) -> Any:
         return self.routes.get(source, self.default)
 

@@ -54,6 +54,13 @@ class SemanticChunker(BaseChunker):
             )
 
     @functools.cached_property
+    def use_cache(self, cache: Any) -> None:
+        """The session's model cache, where an embedder given as config (e.g. on ONNX Runtime)
+        builds its model artifact."""
+        from rag.models import use_cache
+
+        use_cache(self.embedder, cache)
+
     def _encoder(self) -> Any:
         if self.embedder is None or isinstance(self.embedder, str):
             from rag.embedder.sentence_transformer import SentenceTransformerEmbedder

@@ -204,6 +204,17 @@ def claim_id(first_line: dict[str, int], key: str, lineno: int, where: str, what
     first_line[key] = lineno
 
 
+def jsonl_records(path: Path, id_field: str, what: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """("file:line", id, object) for each line of a JSON-lines file whose `id_field` is unique:
+    a missing id or a repeated one is one error naming the line (and the first line of the id)."""
+    first_line: dict[str, int] = {}
+    for lineno, obj in iter_jsonl(path):
+        where = f"{path}:{lineno}"
+        key = string_field(obj, id_field, where)
+        claim_id(first_line, key, lineno, where, what)
+        yield where, key, obj
+
+
 def string_field(obj: dict[str, Any], field: str, where: str, *, required: bool = True) -> str | None:
     """obj[field] as a non-empty string; `where` is "file:line" for the error message. Numbers
     are accepted (ids are often numeric) and converted."""

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rag.corpus.base import Corpus, as_path, claim_id, file_fingerprint, iter_jsonl, read_text, string_field
+from rag.corpus.base import Corpus, as_path, file_fingerprint, jsonl_records, read_text, string_field
 from rag.types import Document, QAItem, RagError, Relevance
 
 
@@ -50,11 +50,7 @@ class BeirCorpus(Corpus):
     def load(self) -> list[Document]:
         self.skipped = []
         docs: list[Document] = []
-        first_line: dict[str, int] = {}
-        for lineno, obj in iter_jsonl(self.file):
-            where = f"{self.file}:{lineno}"
-            doc_id = string_field(obj, "_id", where)
-            claim_id(first_line, doc_id, lineno, where, "document")
+        for where, doc_id, obj in jsonl_records(self.file, "_id", "document"):
             title = _optional_text(obj, "title", where).strip()
             body = _optional_text(obj, "text", where).strip()
             if not title and not body:
@@ -118,13 +114,8 @@ class BeirQuestions:
     def load(self) -> list[QAItem]:
         queries_file, qrels_file = self.files
         qrels = read_qrels(qrels_file)
-        texts: dict[str, str] = {}
-        for lineno, obj in iter_jsonl(queries_file):
-            where = f"{queries_file}:{lineno}"
-            qid = string_field(obj, "_id", where)
-            if qid in texts:
-                raise RagError(f"{where}: duplicate query id {qid!r}")
-            texts[qid] = string_field(obj, "text", where)
+        texts = {qid: string_field(obj, "text", where)
+                 for where, qid, obj in jsonl_records(queries_file, "_id", "query")}
         unknown = [q for q in qrels if q not in texts]
         if unknown:
             raise RagError(f"{qrels_file}: query id {unknown[0]!r} is not in {queries_file.name}"

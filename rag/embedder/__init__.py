@@ -1,2 +1,3 @@
 """Embedders (config group `embedder`): the sentence-transformer model on torch or ONNX Runtime
-(`sentence_transformer`), and its bulk stage on a Ray cluster (`ray_data`)."""
+(`sentence_transformer`, the ONNX export in `onnx`), and its bulk stage on a Ray cluster
+(`ray_data.RayEngine`, the embedder's `engine`)."""

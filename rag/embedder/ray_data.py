@@ -1,6 +1,8 @@
 """The bulk embedding stage on a Ray cluster (`embedder=minilm_ray`).
 
-`RayDataEmbedder` is a `SentenceTransformerEmbedder` whose `encode_blocks` runs as a Ray Data job:
+`RayEngine` is an engine of the `SentenceTransformerEmbedder` (its `engine` setting, a sub-node
+with its own `_target_` in conf/embedder/minilm_ray.yaml): the embedder's `encode_blocks` runs as a
+Ray Data job:
 the texts, each with its row number, become a dataset; `map_batches` hands batches of
 `ray_batch_size` texts to a pool of `num_workers` actors, each holding one copy of the model; the
 vectors stream back to the driver (`iter_batches`), which writes each batch into its rows of the
@@ -39,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from rag.cache import ArtifactCache
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 from rag.types import RagError
 
@@ -74,7 +77,7 @@ def _positive(name: str, value: Any, integer: bool = True) -> Any:
         ok = ok and float(value).is_integer()
     if not ok:
         kind = "a positive integer" if integer else "a positive number"
-        raise RagError(f"embedder.{name} must be {kind}, got {value!r}")
+        raise RagError(f"embedder.engine.{name} must be {kind}, got {value!r}")
     return int(value) if integer else float(value)
 
 
@@ -83,7 +86,7 @@ class _EncodeActor:
     embedder with the same settings: package: models, paths and the ONNX backend all work), then
     encodes the batches it is handed."""
 
-    def __init__(self, settings: dict[str, Any], threads: int | None):
+    def __init__(self, settings: dict[str, Any], threads: int | None, cache_root: str | None):
         import ray
 
         if threads:
@@ -92,7 +95,9 @@ class _EncodeActor:
             import torch
 
             torch.set_num_threads(threads)
-        self.embedder = SentenceTransformerEmbedder(**settings, show_progress=False)
+        self.embedder = SentenceTransformerEmbedder(**settings)
+        if cache_root is not None:
+            self.embedder.use_cache(ArtifactCache(cache_root))
         self.error: RagError | None = None
         try:
             self.embedder.model  # loaded once, before the first batch
@@ -120,32 +125,23 @@ class _EncodeActor:
                 "cpu_s": np.full(n, cpu / max(n, 1)), "t0": np.full(n, t0), "t1": np.full(n, time.time())}
 
 
-class RayDataEmbedder(SentenceTransformerEmbedder):
-    """A SentenceTransformerEmbedder whose bulk encoding runs on Ray actors.
+class RayEngine:
+    """Runs an embedder's bulk encoding (`encode_blocks`) on Ray actors.
 
-    `id` (the cache key of the vectors: model, normalize, max_seq_length, and the backend when it
-    is not torch) is inherited unchanged: the engine is not part of it. Vectors built on Ray and
-    vectors built locally are the same artifact -- one cache entry, the same float32 .npy --
-    so switching engines reuses the cache and nothing downstream changes.
+    The engine is not part of the embedder's `id` (the cache key of the vectors: model,
+    normalize, max_seq_length, and the backend when it is not torch): vectors built on Ray and
+    vectors built locally are the same artifact -- one cache entry, the same float32 .npy -- so
+    switching engines reuses the cache and nothing downstream changes.
 
-    `batch_size` is the model's own batch (texts per forward pass, as locally); `ray_batch_size`
-    is how many texts one Ray batch hands to an actor. Inputs smaller than `min_texts` are
-    encoded locally: starting actors and loading a model in each takes seconds (plus a cluster
-    start for `address: null`), more than encoding a few hundred texts costs.
+    The embedder's `batch_size` is the model's own batch (texts per forward pass, as locally);
+    `ray_batch_size` is how many texts one Ray batch hands to an actor. Inputs smaller than
+    `min_texts` are encoded locally: starting actors and loading a model in each takes seconds
+    (plus a cluster start for `address: null`), more than encoding a few hundred texts costs.
+    The embedder's `device: auto` gives the actors one GPU each when the cluster has GPUs.
     """
 
     def __init__(
         self,
-        model: str,
-        batch_size: int = 64,
-        normalize: bool = True,
-        device: str = "auto",
-        max_seq_length: int | None = None,
-        query_prefix: str = "",
-        show_progress: bool = True,
-        backend: str = "torch",
-        quantize: str | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
         address: str | None = None,
         num_workers: int = 2,
         ray_batch_size: int = 256,
@@ -154,11 +150,9 @@ class RayDataEmbedder(SentenceTransformerEmbedder):
         min_texts: int = 256,
     ):
         require_ray()
-        self.requested_device = device
-        super().__init__(model, batch_size, normalize, _driver_device(device), max_seq_length, query_prefix,
-                         show_progress, backend, quantize, cache_dir)
         if address is not None and (not isinstance(address, str) or not address.strip()):
-            raise RagError(f"embedder.address must be null, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
+            raise RagError("embedder.engine.address must be null, 'auto', 'host:port' or 'ray://host:port', "
+                           f"got {address!r}")
         self.address = address.strip() if address is not None else None
         self.num_workers = _positive("num_workers", num_workers)
         self.ray_batch_size = _positive("ray_batch_size", ray_batch_size)
@@ -166,22 +160,17 @@ class RayDataEmbedder(SentenceTransformerEmbedder):
         self.object_store_memory = (None if object_store_memory is None
                                     else _positive("object_store_memory", object_store_memory))
         if isinstance(min_texts, bool) or not isinstance(min_texts, int) or min_texts < 0:
-            raise RagError(f"embedder.min_texts must be an integer >= 0, got {min_texts!r}")
+            raise RagError(f"embedder.engine.min_texts must be an integer >= 0, got {min_texts!r}")
         self.min_texts = min_texts
         self.last_run: dict[str, Any] = {}  # what the last encode_blocks did (engine, workers, timings)
 
-    def _actor_settings(self, on_gpu: bool) -> dict[str, Any]:
-        return {
-            "model": self.model_name,
-            "batch_size": self.batch_size,
-            "normalize": self.normalize,
-            # Ray gives a GPU actor its own device as cuda:0 (CUDA_VISIBLE_DEVICES).
-            "device": "cuda" if on_gpu else "cpu",
-            "max_seq_length": self.max_seq_length,
-            "backend": self.backend,
-            "quantize": self.quantize,
-            "cache_dir": None if self.cache_dir is None else str(self.cache_dir),
-        }
+    @staticmethod
+    def _actor_args(embedder: SentenceTransformerEmbedder, on_gpu: bool, threads: int | None) -> dict[str, Any]:
+        """What each actor builds: the plain embedder with the same settings (and artifact cache)."""
+        # Ray gives a GPU actor its own device as cuda:0 (CUDA_VISIBLE_DEVICES).
+        settings = embedder.settings(device="cuda" if on_gpu else "cpu", show_progress=False)
+        cache_root = str(embedder.cache.root) if embedder.backend == "onnx" else None
+        return {"settings": settings, "threads": threads, "cache_root": cache_root}
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[Any]:
@@ -209,45 +198,31 @@ class RayDataEmbedder(SentenceTransformerEmbedder):
         finally:
             ray.shutdown()  # stops the instance started above, or disconnects from the cluster
 
-    def encode_blocks(self, texts: list[str], block: int) -> Iterator[tuple[np.ndarray | slice, np.ndarray]]:
+    def encode_blocks(self, embedder: SentenceTransformerEmbedder, texts: list[str],
+                      block: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         if len(texts) < max(self.min_texts, 1):
             self.last_run = {"engine": "local", "texts": len(texts)}
-            yield from super().encode_blocks(texts, block)
+            yield from embedder.local_blocks(texts, block)
             return
         t0 = time.perf_counter()
         with self._connection() as ray:
             connect_s = time.perf_counter() - t0
-            yield from self._encode_on_ray(ray, texts, block, connect_s)
+            yield from self._encode_on_ray(ray, embedder, texts, block, connect_s)
 
-    def _encode_on_ray(self, ray: Any, texts: list[str], block: int,
+    def _encode_on_ray(self, ray: Any, embedder: SentenceTransformerEmbedder, texts: list[str], block: int,
                        connect_s: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        import pandas as pd
-
         gpus = ray.cluster_resources().get("GPU", 0)
-        wants_gpu = self.requested_device == "auto" or str(self.requested_device).startswith("cuda")
-        on_gpu = wants_gpu and gpus > 0
-        if str(self.requested_device).startswith("cuda") and not on_gpu:
-            log.warning("embedder: device=%s but the Ray cluster has no GPU; the actors run on CPUs",
-                        self.requested_device)
+        requested = str(embedder.requested_device)
+        on_gpu = (requested == "auto" or requested.startswith("cuda")) and gpus > 0
+        if requested.startswith("cuda") and not on_gpu:
+            log.warning("embedder: device=%s but the Ray cluster has no GPU; the actors run on CPUs", requested)
         resources = {"num_gpus": 1} if on_gpu else {"num_cpus": self.num_cpus_per_worker}
         threads = None if on_gpu else max(1, int(self.num_cpus_per_worker))
 
-        # Ray batches are cut from the texts sorted by token count within blocks, as the local stage
-        # forms its batches (encode_blocks): an actor's batch then holds texts of similar length and
-        # pads as little as a local batch. Cut in input order, 128-text batches of PubMedQA chunks
-        # cost the actors 1.2-1.3x the local CPU time per chunk; sorted, the same (and the same
-        # vectors). One input block per Ray batch, so that every actor of the pool gets work from
-        # the start (a single block would go to a single actor).
-        step = self.ray_batch_size
-        frames = []
-        for start in range(0, len(texts), block):
-            order = np.argsort(-self.token_counts(texts[start : start + block]), kind="stable") + start
-            for a in range(0, len(order), step):
-                rows = order[a : a + step].astype(np.int64)
-                frames.append(pd.DataFrame({"row": rows, "text": [texts[i] for i in rows]}))
+        frames = self._frames(embedder, texts, block)
         ctx = ray.data.DataContext.get_current()
         saved = (ctx.enable_progress_bars, ctx.print_on_execution_start, ctx.enable_auto_log_stats)
-        ctx.enable_progress_bars = ctx.print_on_execution_start = bool(self.show_progress)
+        ctx.enable_progress_bars = ctx.print_on_execution_start = bool(embedder.show_progress)
         ctx.enable_auto_log_stats = False
         workers: set[str] = set()
         done = 0
@@ -258,8 +233,8 @@ class RayDataEmbedder(SentenceTransformerEmbedder):
         try:
             ds = ray.data.from_pandas(frames).map_batches(
                 _EncodeActor,
-                fn_constructor_kwargs={"settings": self._actor_settings(on_gpu), "threads": threads},
-                batch_size=step,
+                fn_constructor_kwargs=self._actor_args(embedder, on_gpu, threads),
+                batch_size=self.ray_batch_size,
                 batch_format="numpy",
                 compute=ray.data.ActorPoolStrategy(size=self.num_workers),
                 **resources,
@@ -301,6 +276,26 @@ class RayDataEmbedder(SentenceTransformerEmbedder):
             "encoding_span_s": round(span[1] - span[0], 3),
         }
 
+    def _frames(self, embedder: SentenceTransformerEmbedder, texts: list[str], block: int) -> list[Any]:
+        """The Ray batches, as pandas frames of (row, text).
+
+        They are cut from the texts sorted by token count within blocks, as the local stage forms
+        its batches (local_blocks): an actor's batch then holds texts of similar length and pads as
+        little as a local batch. Cut in input order, 128-text batches of PubMedQA chunks cost the
+        actors 1.2-1.3x the local CPU time per chunk; sorted, the same (and the same vectors). One
+        input block per Ray batch, so that every actor of the pool gets work from the start (a
+        single block would go to a single actor)."""
+        import pandas as pd
+
+        step = self.ray_batch_size
+        frames = []
+        for start in range(0, len(texts), block):
+            order = np.argsort(-embedder.token_counts(texts[start : start + block]), kind="stable") + start
+            for a in range(0, len(order), step):
+                rows = order[a : a + step].astype(np.int64)
+                frames.append(pd.DataFrame({"row": rows, "text": [texts[i] for i in rows]}))
+        return frames
+
 
 @contextlib.contextmanager
 def loopback_ray() -> Iterator[None]:
@@ -333,16 +328,6 @@ def _is_loopback(address: str) -> bool:
         return False
     host = address.rsplit(":", 1)[0].strip("[]")
     return host in ("127.0.0.1", "localhost", "::1")
-
-
-def _driver_device(device: str) -> str:
-    """The device of the driver's own copy of the model (questions at query time, small inputs):
-    `auto` is the GPU when this machine has one."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _rag_error_in(e: BaseException) -> RagError | None:

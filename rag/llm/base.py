@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from rag.cache import ArtifactCache
 from rag.types import Context
 
 
 class Generator:
+    def use_cache(self, cache: ArtifactCache) -> None:
+        """Optional: the session's artifact cache, for a generator that builds or loads a model
+        artifact (rag.models.UsesCache)."""
+
     def warm_up(self) -> None:
         """Optional: load the model so that the timed generate stage measures generation only."""
 

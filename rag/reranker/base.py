@@ -1,19 +1,24 @@
 """The reranker interface and the identity reranker (`reranker=none`).
 
-The pipeline retrieves `max(k, reranker.top_n)` fused candidates, calls `prepare(artifacts)` once
-(access to cached chunk vectors), `warm_up()` (load models outside timed stages), then
+The pipeline retrieves `max(k, reranker.top_n)` fused candidates, calls `use_cache(cache)` (the
+session's artifact cache, for a reranker that builds or loads a model artifact), `prepare(artifacts)`
+once (access to cached chunk vectors), `warm_up()` (load models outside timed stages), then
 `rerank(queries, hits, chunks, k)`, which returns the best k of each row of `hits`.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from rag.cache import ArtifactCache
 from rag.types import Chunk, Hits
 
 
 class Reranker:
     #: how many fused candidates the reranker wants to see (the retrieval depth before it)
     top_n: int = 0
+
+    def use_cache(self, cache: ArtifactCache) -> None:
+        """Optional: the session's artifact cache (rag.models.UsesCache)."""
 
     def prepare(self, artifacts: Any) -> None:
         """Optional: receives rag.artifacts.Artifacts (cache, chunk set, cached vectors)."""

@@ -1,9 +1,9 @@
 """Cross-encoder reranking: score (query, chunk text) jointly and keep the best k.
 
-`model` is a Hugging Face id, a local path, `package:<module>` (weights inside a pip package,
-see rag/embedder/sentence_transformer.py), or `trained:`: the packaged MiniLM fine-tuned locally with the `train`
-settings (rag/reranker/training/), built once and cached as the artifact
-`<cache_dir>/cross_encoder/<key>`.
+`model` is a Hugging Face id, a local path, `package:<module>` (weights inside a pip package;
+rag/models.py resolves all three), or `trained:`: the packaged MiniLM fine-tuned locally with the
+`train` settings (rag/reranker/training/), built once and cached as the artifact
+`<cache>/cross_encoder/<key>` in the artifact cache that `use_cache` gives.
 
 Only the first `top_n` candidates of the first stage are scored. `fuse` combines the
 cross-encoder's order with the first stage's order (see `fuse_scores`); `label_passages` puts each
@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rag.cache import ArtifactCache
-from rag.embedder.sentence_transformer import resolve_model_path
+from rag.models import UsesCache, resolve_model
 from rag.reranker.base import Reranker
 from rag.types import Chunk, Hits, RagError
 
@@ -53,14 +51,6 @@ def fuse_scores(ce: np.ndarray, method: str, weight: float, k: int = 60) -> np.n
     return (weight * z - (1 - weight) * np.log(first)).astype(np.float32)
 
 
-def _looks_local(path: str) -> bool:
-    if path.startswith((".", "/", "~")):
-        return True
-    parts = path.split("/")
-    is_hub_id = len(parts) == 2 and all(parts)
-    return os.sep in path and not is_hub_id
-
-
 @functools.lru_cache(maxsize=4)
 def load_cross_encoder(path: str, max_length: int, device: str) -> Any:
     """One loaded model per (path, max_length, device) per process."""
@@ -72,7 +62,7 @@ def load_cross_encoder(path: str, max_length: int, device: str) -> Any:
         raise RagError(f"reranker model {path!r} could not be loaded: {str(e).splitlines()[0]}") from None
 
 
-class CrossEncoderReranker(Reranker):
+class CrossEncoderReranker(UsesCache, Reranker):
     def __init__(
         self,
         model: str,
@@ -81,7 +71,6 @@ class CrossEncoderReranker(Reranker):
         max_length: int = 256,
         device: str = "cpu",
         train: dict[str, Any] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
         fuse: dict[str, Any] | None = None,
         label_passages: bool | None = None,
         precision: str = "fp32",
@@ -114,8 +103,6 @@ class CrossEncoderReranker(Reranker):
         self.max_length = int(max_length)
         self.device = device
         self.train = dict(train or {})
-        self.cache_dir = cache_dir
-        self._cache: ArtifactCache | None = ArtifactCache(cache_dir) if cache_dir is not None else None
         self._model: Any = None
         self.artifact: Any = None  # the cross_encoder artifact, for `trained:`
         if self.model_name == TRAINED:
@@ -125,27 +112,15 @@ class CrossEncoderReranker(Reranker):
 
     # ---- loading -------------------------------------------------------------------------------
 
-    def prepare(self, artifacts: Any) -> None:
-        if self._cache is None and getattr(artifacts, "cache", None) is not None:
-            self._cache = artifacts.cache
-
     def model_path(self) -> str:
         """The folder or hub id to load; trains the `trained:` model when it is not cached."""
         if self.model_name == TRAINED:
-            if self._cache is None:
-                raise RagError("reranker.cache_dir is not set: the 'trained:' cross-encoder is cached as an artifact")
             from rag.reranker.training.artifact import build_trained_model
 
-            self.artifact = build_trained_model(self.train, self._cache)
+            self.artifact = build_trained_model(self.train, self.cache)
             log.info("cross-encoder %s: %s", "cached" if self.artifact.hit else "trained", self.artifact.path)
             return str(self.artifact.path)
-        try:
-            path = resolve_model_path(self.model_name)
-        except RagError as e:  # its message speaks of the embedder
-            raise RagError(str(e).replace("embedder model", "reranker model", 1)) from None
-        if _looks_local(path) and not Path(path).expanduser().exists():
-            raise RagError(f"reranker model {self.model_name!r}: path {path} does not exist")
-        return str(Path(path).expanduser()) if _looks_local(path) else path
+        return resolve_model(self.model_name, "reranker").path
 
     @property
     def model(self) -> Any:

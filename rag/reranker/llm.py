@@ -2,7 +2,7 @@
 
 Each (query, passage) pair is asked "does this passage answer the query? Yes or No", and scored by
 logit(Yes) - logit(No) at the position where the answer would begin. One forward pass per pair,
-no generation. With SmolLM2-135M the margins are small (shared/MODELS.md), so compare against
+no generation. With SmolLM2-135M the margins are small, so compare against
 `reranker=none` before trusting it.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rag.llm.hf import length_batches, render_chat
-from rag.llm.loading import check_device, load_causal_lm
+from rag.llm.loading import CausalLM
 from rag.reranker.base import Reranker
 from rag.types import Chunk, Hits, RagError
 
@@ -37,20 +37,19 @@ def first_token_id(tokenizer: Any, word: str) -> int:
     return int(ids[0])
 
 
-class LLMReranker(Reranker):
+class LLMReranker(CausalLM, Reranker):
+    """`lm`: the model's load settings, as the generator's (rag.llm.loading.CausalLM: gguf_file,
+    dtype, device, quantization, num_threads); `use_cache` gives the artifact cache of a GGUF
+    model's conversion."""
+
     def __init__(
         self,
         model: str,
-        gguf_file: str | None = None,
-        dtype: str = "float32",
-        device: str = "cpu",
         top_n: int = 20,
         batch_size: int = 8,
         prompt_template: str = DEFAULT_PROMPT,
-        cache_dir: str | None = None,
-        num_threads: int | None = None,
-        quantization: str | None = None,
         system_prompt: str | None = None,
+        **lm: Any,
     ):
         if int(top_n) <= 0:
             raise RagError(f"reranker.top_n must be positive, got {top_n}")
@@ -59,29 +58,15 @@ class LLMReranker(Reranker):
         for field in ("{query}", "{passage}"):
             if field not in prompt_template:
                 raise RagError(f"reranker.prompt_template must contain {field}")
-        self.model_name = model
-        self.gguf_file = gguf_file
-        self.dtype = dtype
-        self.device = device
         self.top_n = int(top_n)
         self.batch_size = int(batch_size)
         self.prompt_template = prompt_template
-        self.cache_dir = None if cache_dir is None else str(cache_dir)
-        self.num_threads = num_threads
-        self.quantization = None if quantization in (None, "none") else quantization
         self.system_prompt = system_prompt or None
-        check_device(self.device, self.quantization)
-        self._lm: tuple[Any, Any] | None = None
+        CausalLM.__init__(self, model, **lm, role="reranker")
 
     def warm_up(self) -> None:
-        if self.num_threads:
-            import torch
-
-            torch.set_num_threads(int(self.num_threads))
-        if self._lm is None:
-            self._lm = load_causal_lm(
-                self.model_name, self.gguf_file, self.dtype, self.device, self.quantization, self.cache_dir
-            )
+        self.set_threads()
+        self.load()
 
     def fill(self, query: str, passage: str) -> str:
         # one pass, so a "{passage}" inside a query stays literal text

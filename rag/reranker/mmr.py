@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from rag.cache import ArtifactCache
+from rag.models import use_cache
 from rag.reranker.base import Reranker
 from rag.types import Chunk, Hits, RagError
 
@@ -22,6 +24,9 @@ class MMRReranker(Reranker):
             raise RagError(f"reranker.top_n must be positive, got {top_n}")
         self.embedder, self.lambda_mult, self.top_n = embedder, float(lambda_mult), int(top_n)
         self._vectors: np.ndarray | None = None
+
+    def use_cache(self, cache: ArtifactCache) -> None:
+        use_cache(self.embedder, cache)  # the embedder's ONNX export (queries are encoded here)
 
     def prepare(self, artifacts: Any) -> None:
         self._vectors = artifacts.vectors(self.embedder)

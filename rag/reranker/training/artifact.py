@@ -18,7 +18,7 @@ from typing import Any
 from rag.cache import ArtifactCache, make_key
 from rag.artifacts import load_corpus
 from rag.corpus.slicing import content_fingerprint
-from rag.embedder.sentence_transformer import resolve_model_path
+from rag.models import resolve_model
 from rag.reranker.training.dataset import build_dataset
 from rag.reranker.training.evaluate import biencoder_reference, evaluate
 from rag.reranker.training.fit import fit, load_base_model, set_threads
@@ -105,7 +105,8 @@ def train_cross_encoder(inputs: TrainingInputs, out_dir: Path, progress: Callabl
     stats = fit(model, data.train, s, say)
     after = evaluate(model, data.val) if data.val else {}
     say(f"held-out after training: {after}")
-    ref = biencoder_reference(resolve_model_path(s["base_model"]), data.val, s["device"]) if reference and data.val else None
+    base_path = resolve_model(s["base_model"], "reranker base").path
+    ref = biencoder_reference(base_path, data.val, s["device"]) if reference and data.val else None
     if ref:
         say(f"held-out, base model as a bi-encoder (reference): {ref}")
     model.save_pretrained(str(out_dir), safe_serialization=True)

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
         train = instantiate(cfg.reranker.train, _convert_="all")
-        cache = ArtifactCache(cfg.reranker.cache_dir)
+        cache = ArtifactCache(cfg.paths.get("model_cache") or cfg.paths.cache)
         if args.data_only:
             data = dataset_for(train, cache)
             print(json.dumps(data.stats, indent=2))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rag.embedder.sentence_transformer import resolve_model_path
+from rag.models import resolve_model
 from rag.reranker.training.examples import Group, Pair
 from rag.types import RagError
 
@@ -38,7 +38,7 @@ def load_base_model(base_model: str, max_length: int, seed: int, device: str = "
     import torch
     from sentence_transformers import CrossEncoder
 
-    path = resolve_model_path(base_model)
+    path = resolve_model(base_model, "reranker base").path
     torch.manual_seed(seed)
     logging.getLogger("transformers").setLevel(logging.ERROR)  # the "newly initialized head" report
     try:
