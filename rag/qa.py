@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rag.corpus.base import as_path, file_fingerprint, jsonl_records, string_field
+from rag.corpus.base import as_path, concatenate_parts, file_fingerprint, jsonl_records, string_field
 from rag.corpus.beir import BeirQuestions
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
 from rag.corpus.pubmedqa import document_text, load_pubmedqa, pmid_id
@@ -258,17 +258,7 @@ class MixedQuestions(QuestionSet):
         return {"parts": [part_fingerprint(p) for p in self.parts]}
 
     def items(self) -> list[QAItem]:
-        items: list[QAItem] = []
-        owner: dict[str, int] = {}
-        for i, part in enumerate(self.parts):
-            for item in part.load():
-                if item.id in owner:
-                    raise RagError(
-                        f"MixedQuestions: duplicate question id {item.id!r} in part {i} "
-                        f"({type(part).__name__}), already in part {owner[item.id]}"
-                    )
-                owner[item.id] = i
-                items.append(item)
+        items = concatenate_parts(self.parts, "MixedQuestions", "question")
         if not items:
             raise RagError("MixedQuestions: the question set is empty")
         return items

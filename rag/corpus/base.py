@@ -204,6 +204,22 @@ def claim_id(first_line: dict[str, int], key: str, lineno: int, where: str, what
     first_line[key] = lineno
 
 
+def concatenate_parts(parts: list[Any], who: str, what: str) -> list[Any]:
+    """Everything the parts load, in order (documents or questions, anything with an `id`); an id
+    that two parts both hold is one error naming the parts."""
+    out: list[Any] = []
+    owner: dict[str, int] = {}
+    for i, part in enumerate(parts):
+        for item in part.load():
+            if item.id in owner:
+                first = owner[item.id]
+                raise RagError(f"{who}: duplicate {what} id {item.id!r} in part {i} ({type(part).__name__}), "
+                               f"already in part {first} ({type(parts[first]).__name__})")
+            owner[item.id] = i
+            out.append(item)
+    return out
+
+
 def jsonl_records(path: Path, id_field: str, what: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """("file:line", id, object) for each line of a JSON-lines file whose `id_field` is unique:
     a missing id or a repeated one is one error naming the line (and the first line of the id)."""

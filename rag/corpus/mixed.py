@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rag.corpus.base import Corpus
+from rag.corpus.base import Corpus, concatenate_parts
 from rag.types import Document, RagError
 
 
@@ -43,18 +43,6 @@ class MixedCorpus(Corpus):
         return {"class": type(self).__name__, "parts": [part_fingerprint(p) for p in self.parts]}
 
     def load(self) -> list[Document]:
-        self.skipped = []
-        docs: list[Document] = []
-        owner: dict[str, int] = {}
-        for i, part in enumerate(self.parts):
-            for doc in part.load():
-                if doc.id in owner:
-                    raise RagError(
-                        f"MixedCorpus: duplicate document id {doc.id!r} in part {i} "
-                        f"({type(part).__name__}), already in part {owner[doc.id]} "
-                        f"({type(self.parts[owner[doc.id]]).__name__})"
-                    )
-                owner[doc.id] = i
-                docs.append(doc)
-            self.skipped.extend(getattr(part, "skipped", None) or [])
+        docs = concatenate_parts(self.parts, "MixedCorpus", "document")
+        self.skipped = [s for part in self.parts for s in (getattr(part, "skipped", None) or [])]
         return docs
