@@ -165,6 +165,9 @@ def test_debug_tiny_is_the_tests_configuration(tmp_path: Path):
 
 def test_the_guard_catches_a_model_load(no_model_loading):
     """The laziness check above means something: using a built embedder does load, and fails here."""
+    from rag.embedder.sentence_transformer import load_sentence_transformer
+
+    load_sentence_transformer.cache_clear()  # an earlier test of the session may have loaded it already
     emb = create(compose_option("embedder", "minilm_torch").embedder)
     with pytest.raises(ModelLoaded):
         emb.encode(["a text"])

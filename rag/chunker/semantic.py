@@ -53,7 +53,6 @@ class SemanticChunker(BaseChunker):
                 f"chunker.embedder must be an embedder (with .encode) or a model name, got {type(e).__name__}"
             )
 
-    @functools.cached_property
     def use_cache(self, cache: Any) -> None:
         """The session's model cache, where an embedder given as config (e.g. on ONNX Runtime)
         builds its model artifact."""
@@ -61,6 +60,7 @@ class SemanticChunker(BaseChunker):
 
         use_cache(self.embedder, cache)
 
+    @functools.cached_property
     def _encoder(self) -> Any:
         if self.embedder is None or isinstance(self.embedder, str):
             from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
