@@ -75,7 +75,8 @@ def main(cfg: DictConfig) -> float:
     global _task_started
     _task_started = True
     from rag import rundir
-    from rag.pipeline import format_table, run
+    from rag.output import format_table
+    from rag.pipeline import run
     from rag.types import RagError
 
     _quiet_loaders()

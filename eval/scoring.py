@@ -19,6 +19,7 @@ from eval.stats import bootstrap_ci
 from rag.cache import MemoryTier
 from rag.types import Chunk, Hits, QAItem, RagError
 
+
 class MemoizedEncoder:
     """The evaluation embedder's vectors, kept per text in a memory tier (rag.cache.MemoryTier,
     table `eval_vectors`): the jobs of an in-process sweep score the same ground truths, mostly

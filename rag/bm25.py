@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np

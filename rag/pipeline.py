@@ -25,11 +25,11 @@ from rag.artifacts import Answers, answers_key
 from rag.cache import atomic_write_text
 from rag.corpus.slicing import answer_subset
 from rag.llm.answer_cache import dry_run_plan, usage_totals
-from rag.output import format_table, trec_files, write_report, write_results  # noqa: F401 - format_table: run.py's
+from rag.output import trec_files, write_report, write_results
 from rag.query import retrieve_rerank
+from rag.result import Objective, RunResult
 from rag.retriever import SourceFilter
 from rag.routing import routing_report
-from rag.result import Objective, RunResult
 from rag.session import Session, container, open_session
 from rag.types import Context, Hits
 

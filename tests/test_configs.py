@@ -10,8 +10,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from rag.config import PROJECT_ROOT
-from rag.session import create
 from rag.schema import validate
+from rag.session import create
 
 CONF = PROJECT_ROOT / "conf"
 # Groups selected as `group=option` (in the primary defaults list) and as `+group=option`.

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rag.config import data_dir
 from rag.corpus import (
     JsonlCorpus,
     LibcManCorpus,
@@ -22,7 +23,6 @@ from rag.corpus import (
 )
 from rag.corpus.libc import name_line, normalize_rendered, parse_page_name
 from rag.corpus.pytorch import clean_rst
-from rag.config import data_dir
 from rag.types import Document, RagError
 
 ROOT = Path(__file__).resolve().parents[1]

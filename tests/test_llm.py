@@ -7,8 +7,6 @@ import time
 
 import numpy as np
 import pytest
-
-from rag.session import create
 import torch
 from hydra.utils import instantiate
 
@@ -17,6 +15,7 @@ from rag.llm import ExtractiveGenerator, HFGenerator, PromptBuilder
 from rag.llm import loading as llm_module
 from rag.llm.prompt import DEFAULT_TEMPLATE, NO_ANSWER
 from rag.reranker.llm import LLMReranker
+from rag.session import create
 from rag.types import Chunk, Context, Hits, RagError
 
 # ---------------------------------------------------------------------------------------------

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from rag.artifacts import Artifacts
 from rag.cache import ArtifactCache
 from rag.llm import OpenAIGenerator
 from rag.llm.answer_cache import RECORD_KIND, answer_keys
 from rag.llm.hf import render_chat
-from rag.artifacts import Artifacts
-from rag.pipeline import format_table, run
+from rag.output import format_table
+from rag.pipeline import run
 from rag.session import create
 from rag.timing import StageTimer
 from rag.types import Context, RagError

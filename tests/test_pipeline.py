@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from rag.config import PROJECT_ROOT
-from rag.pipeline import format_table, run
+from rag.output import format_table
+from rag.pipeline import run
 from rag.types import RagError
 from tests.conftest import tiny_overrides
 

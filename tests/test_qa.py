@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rag.qa import JsonlQuestions, MixedQuestions, PubMedQAQuestions
 from rag.config import data_dir
+from rag.qa import JsonlQuestions, MixedQuestions, PubMedQAQuestions
 from rag.types import QAItem, RagError, Relevance
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from rag.config import PROJECT_ROOT
 from rag.cache import ArtifactCache
+from rag.config import PROJECT_ROOT
 from rag.llm import OpenAIGenerator
 from rag.llm.loading import servable_folder
 from rag.llm.servable import TransformersServer, free_port

@@ -15,9 +15,9 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from rag.artifacts import load_corpus
 from rag.cache import ArtifactCache, atomic_write_text
 from rag.config import PROJECT_ROOT, register_resolvers
-from rag.artifacts import load_corpus
 from rag.types import RagError
 
 

@@ -15,8 +15,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rag.cache import ArtifactCache, make_key
 from rag.artifacts import load_corpus
+from rag.cache import ArtifactCache, make_key
 from rag.corpus.slicing import content_fingerprint
 from rag.models import resolve_model
 from rag.reranker.training.dataset import build_dataset

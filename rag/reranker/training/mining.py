@@ -20,7 +20,14 @@ from rag.corpus import libc, pytorch
 from rag.reranker.training.examples import Example
 from rag.reranker.training.passages import PassagePool
 from rag.reranker.training.text import (
-    MAX_PASSAGE_CHARS, clean_markup, contains_query, cut_words, first_passage, is_prose, ok_query, remove_query,
+    MAX_PASSAGE_CHARS,
+    clean_markup,
+    contains_query,
+    cut_words,
+    first_passage,
+    is_prose,
+    ok_query,
+    remove_query,
     sentences,
 )
 from rag.types import Document
