@@ -139,9 +139,10 @@ def clear_memory() -> None:
 
 
 class ArtifactCache:
-    def __init__(self, root: str | os.PathLike[str]):
+    def __init__(self, root: str | os.PathLike[str], setting: str = "paths.cache or RAGRIG_CACHE"):
+        """`setting`: what the user sets to choose this directory, named when it is unusable."""
         self.root = Path(root)
-        check_cache_root(self.root)
+        check_cache_root(self.root, setting)
         self.memory = _MEMORY.setdefault(self.root.absolute(), MemoryTier())
 
     def path(self, kind: str, key: str) -> Path:
@@ -297,7 +298,7 @@ class ArtifactCache:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def check_cache_root(root: Path) -> None:
+def check_cache_root(root: Path, setting: str = "paths.cache or RAGRIG_CACHE") -> None:
     """The cache root, or its nearest existing ancestor, must be a directory: a file there (say
     RAGRIG_CACHE=~/.bashrc) is one line here rather than an OS traceback at the first write."""
     from rag.types import RagError
@@ -307,7 +308,7 @@ def check_cache_root(root: Path) -> None:
         p = p.parent
     if p.exists() and not p.is_dir():
         what = "is" if p == root else f"is inside {p}, which is"
-        raise RagError(f"artifact cache {root} {what} not a directory (set paths.cache or RAGRIG_CACHE to a directory)")
+        raise RagError(f"artifact cache {root} {what} not a directory (set {setting} to a directory)")
 
 
 def _test_pause(kind: str) -> None:

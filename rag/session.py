@@ -113,7 +113,8 @@ def open_session(cfg: DictConfig, askers: list[Asker] = ()) -> Session:
     # A relative cache path means the directory the command was started in, also for a job that
     # a launcher runs in another directory or on another node (Hydra carries that directory along).
     cache = ArtifactCache(to_absolute_path(str(cfg.paths.cache)))
-    models = ArtifactCache(to_absolute_path(str(cfg.paths.get("model_cache") or cfg.paths.cache)))
+    model_root = cfg.paths.get("model_cache") or cfg.paths.cache
+    models = ArtifactCache(to_absolute_path(str(model_root)), setting="paths.model_cache")
     parts = create_components(cfg, models)
     artifacts = Artifacts(cache, timer=timer)
 

@@ -144,3 +144,14 @@ def test_the_memory_tier_is_shared_per_root_and_bounded_per_table(tmp_path, monk
     assert a.memory.get("chunks", "k") is None and a.memory.get("chunks", "k3") == "k3", "least recently used out"
     clear_memory()
     assert a.memory.get("chunks", "k3") is None
+
+
+def test_an_unusable_cache_names_the_setting_that_chose_it(tmp_path):
+    from rag.types import RagError
+
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    with pytest.raises(RagError, match=r"set paths.cache or RAGRIG_CACHE to a directory"):
+        ArtifactCache(afile)
+    with pytest.raises(RagError, match=r"artifact cache .*a-file is not a directory \(set paths.model_cache to a directory\)"):
+        ArtifactCache(afile, setting="paths.model_cache")
