@@ -26,7 +26,7 @@ from rag.cache import atomic_write_text
 from rag.corpus.slicing import answer_subset
 from rag.llm.answer_cache import dry_run_plan, usage_totals
 from rag.output import trec_files, write_report, write_results
-from rag.query import retrieve_rerank
+from rag.query import retrieve_rerank_all
 from rag.result import Objective, RunResult
 from rag.retriever import SourceFilter
 from rag.routing import routing_report
@@ -97,16 +97,10 @@ def rank(session: Session) -> Ranked:
             filters, route_ms = retriever.route(queries)
     else:
         filters = retriever.filters_for([q.corpus for q in qa])
-    hits = Hits.empty(len(queries), session.settings.k)
-    spent = np.zeros(2)
-    for q, (query, f) in enumerate(zip(queries, filters)):
-        best, *ms = retrieve_rerank(retriever, session.reranker, query, f, session.depth,
-                                    session.chunk_set.chunks, session.settings.k)
-        spent += ms
-        w = min(session.settings.k, best.width)
-        hits.ids[q, :w], hits.scores[q, :w] = best.ids[0, :w], best.scores[0, :w]
-    timer.add("retrieve", spent[0] / 1000.0)
-    timer.add("rerank", spent[1] / 1000.0)
+    hits, retrieve_ms, rerank_ms = retrieve_rerank_all(retriever, session.reranker, queries, filters, session.depth,
+                                                       session.chunk_set.chunks, session.settings.k)
+    timer.add("retrieve", retrieve_ms / 1000.0)
+    timer.add("rerank", rerank_ms / 1000.0)
     with timer.stage("latency"):
         rows, ms, method = latency.measure(retriever, session.reranker, queries, filters, session.depth,
                                            session.chunk_set.chunks, session.settings.k, session.latency)

@@ -110,9 +110,10 @@ class Retriever:
     def use_cache(self, cache: Any) -> None:
         """The session's artifact cache, for the models of the parts that hold one (an embedder
         exported to ONNX builds its export there)."""
+        from rag.models import use_cache
+
         for part in vars(self).values():
-            if part is not self and hasattr(part, "use_cache"):
-                part.use_cache(cache)
+            use_cache(part, cache)
 
     def _allowed(self, f: SourceFilter) -> np.ndarray | None:
         if self._artifacts is None:

@@ -69,8 +69,9 @@ class Router:
         self.groups = present
         labels = np.array([present.index(group_of(s, self.group_map)) for s in sources.tolist()], np.int64)
         memo_key = None if key is None or memory is None else (key, tuple(tuple(sorted(g)) for g in present), self.method)
-        if memo_key is not None and memory.get("routers", memo_key) is not None:
-            self._model = memory.get("routers", memo_key)
+        fitted = None if memo_key is None else memory.get("routers", memo_key)
+        if fitted is not None:
+            self._model = fitted
             return self
         if len(present) < 2:
             self._model = None

@@ -113,9 +113,7 @@ def open_session(cfg: DictConfig, askers: list[Asker] = ()) -> Session:
     # A relative cache path means the directory the command was started in, also for a job that
     # a launcher runs in another directory or on another node (Hydra carries that directory along).
     cache = ArtifactCache(to_absolute_path(str(cfg.paths.cache)))
-    model_root = cfg.paths.get("model_cache") or cfg.paths.cache
-    models = ArtifactCache(to_absolute_path(str(model_root)), setting="paths.model_cache")
-    parts = create_components(cfg, models)
+    parts = create_components(cfg, model_cache(cfg))
     artifacts = Artifacts(cache, timer=timer)
 
     with timer.stage("corpus"):
@@ -141,6 +139,13 @@ def open_session(cfg: DictConfig, askers: list[Asker] = ()) -> Session:
     if session.depth > len(chunk_set):
         log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", session.depth, len(chunk_set))
     return session
+
+
+def model_cache(cfg: DictConfig) -> ArtifactCache:
+    """Where components build their model artifacts: `paths.model_cache` (by default the artifact
+    cache itself), relative paths taken from the directory the command started in."""
+    root = cfg.paths.get("model_cache") or cfg.paths.cache
+    return ArtifactCache(to_absolute_path(str(root)), setting="paths.model_cache")
 
 
 def create_components(cfg: DictConfig, models: ArtifactCache) -> Components:

@@ -32,6 +32,7 @@ from typing import Any
 from experiments.benchmarks.common import environment, finish, ratio, row, start
 from rag.cache import ArtifactCache, atomic_write_text
 from rag.config import PROJECT_ROOT
+from rag.models import default_cache_root
 from rag.types import Context
 
 QA_FILE = PROJECT_ROOT / "data" / "qa" / "pytorch.jsonl"
@@ -187,7 +188,7 @@ def bench_generation(quick: bool = True, full: bool = False, tiny: bool = False,
     n = n_prompts or (2 if tiny else 64 if full else 16)
     if tiny:
         batch_size, max_new_tokens = 2, 4
-    cache_dir = cache_dir or os.environ.get("RAGRIG_CACHE") or str(PROJECT_ROOT / "outputs" / "cache")
+    cache_dir = cache_dir or str(default_cache_root())
     model_args = {"model": model, "gguf_file": gguf_file}
     questions, contexts, _ = rag_prompts(n)
     with_cuda = torch.cuda.is_available() and not tiny

@@ -51,7 +51,7 @@ def v3_prompts(n_per_corpus: int, overrides: list[str] = ()) -> dict[str, Any]:
     qa = [s.qa[i] for i in rows]
     queries = [q.question for q in qa]
     filters = s.retriever.filters_for([q.corpus for q in qa], queries)
-    hits = retrieve_rerank_all(s.retriever, s.reranker, queries, filters, s.depth, s.chunk_set.chunks, s.settings.k)
+    hits, _, _ = retrieve_rerank_all(s.retriever, s.reranker, queries, filters, s.depth, s.chunk_set.chunks, s.settings.k)
     contexts = s.context_builder.build(hits, s.chunk_set)
     return {"questions": queries, "contexts": contexts, "truths": [q.answer for q in qa],
             "corpora": [q.corpus for q in qa], "llm": dict(cfg_llm(overrides))}

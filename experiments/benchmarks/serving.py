@@ -19,7 +19,6 @@ share of answers identical to the in-process ones.
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) ->
     session = open_session(cfg)
     queries = [q.question for q in session.qa]
     filters = session.retriever.filters_for([q.corpus for q in session.qa], queries)
-    hits = retrieve_rerank_all(session.retriever, session.reranker, queries, filters, session.depth,
+    hits, _, _ = retrieve_rerank_all(session.retriever, session.reranker, queries, filters, session.depth,
                                session.chunk_set.chunks, session.settings.k)
     return cfg.llm, queries, session.context_builder.build(hits, session.chunk_set)
 
@@ -94,7 +93,7 @@ def bench_serving(quick: bool = True, full: bool = False, tiny: bool = False, n_
     if missing:
         reason = f"transformers serve needs {', '.join(missing)}: pip install -e \".[serving]\""
         return finish({"skipped": reason, "table": [row("serving", "skipped", "", reason)]}, clock)
-    cache = cache_dir or os.environ.get("RAGRIG_CACHE") or str(main_cache())
+    cache = cache_dir or str(main_cache())
     extra: list[str] = []
     if tiny:
         extra = tiny_dataset(Path(cache) / "bench-serving-tiny", n_docs=6, n_questions=2) + ["llm.max_new_tokens=8"]

@@ -12,7 +12,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from rag.cache import ArtifactCache
 from rag.types import RagError
 
 
@@ -35,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rag.config import PROJECT_ROOT, register_resolvers
     from rag.reranker.training.artifact import METRICS_FILE, build_trained_model, dataset_for
+    from rag.session import model_cache
 
     register_resolvers()
     overrides = ["reranker=cross_encoder"]
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
         train = instantiate(cfg.reranker.train, _convert_="all")
-        cache = ArtifactCache(cfg.paths.get("model_cache") or cfg.paths.cache)
+        cache = model_cache(cfg)
         if args.data_only:
             data = dataset_for(train, cache)
             print(json.dumps(data.stats, indent=2))
