@@ -41,10 +41,10 @@ test-crash: setup
 # Ray embedding engine and the Ray/submitit launchers, against a local two-node Ray cluster on
 # 127.0.0.1; installs the optional extra (ray[data], hydra-ray-launcher, hydra-submitit-launcher).
 # The file's unmarked tests (configuration and errors) need ray too: without the extra, `make test`
-# skips them, so they run here.
+# skips them, so they run here. -X faulthandler: a crash at interpreter exit prints every thread's stack.
 test-distributed: setup
 	$(PIP) install --quiet -e ".[distributed]"
-	$(PYTHON) -m pytest -q -m "distributed or not (slow or scale or crash or gpu)" tests/test_distributed.py
+	$(PYTHON) -X faulthandler -m pytest -q -m "distributed or not (slow or scale or crash or gpu)" tests/test_distributed.py
 
 # A million synthetic chunks through the artifact path: peak memory, file formats, cache reuse
 # (a few minutes, ~5 GB of memory).

@@ -4,6 +4,12 @@ worker node, both on 127.0.0.1 -- with the real packaged MiniLM.
 
 Tests marked `distributed` start that cluster or worker processes (`make test-distributed`); the
 unmarked ones check configuration and errors without starting anything.
+
+Every Ray driver (ray.init ... ray.shutdown) runs in a Python process of its own, as a run does, and
+that process must exit with status 0: the test process only starts and stops the cluster. Ray does
+not promise that one process can connect and disconnect several times (its background threads
+can outlive a session; ray-project/ray#31145), and CI once saw this file's process pass every test
+and then die with a segmentation fault at exit.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from experiments.benchmarks.common import run_case
 from experiments.benchmarks.encoding import chunk_set_of
 from rag.artifacts import Artifacts
 from rag.cache import ArtifactCache
@@ -68,42 +75,52 @@ def ray_embedder(model: str = MODEL, **settings):
 
 # -- the Ray embedding engine -------------------------------------------------------------------
 
+def in_own_process(func: str, timeout: float = 300, **kwargs) -> dict:
+    """`func(**kwargs)` of this module in a fresh Python process; its result, once it exited with 0."""
+    res = run_case("tests.test_distributed", func, kwargs, timeout=timeout, env={"PYTHONFAULTHANDLER": "1"})
+    assert "error" not in res, res.get("error")
+    assert res["exit_code"] == 0, f"exit {res['exit_code']} after reporting: {res.get('stderr_tail')}"
+    return res
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ray_vectors_equal_local_vectors_and_share_their_cache_entry(ray_cluster, tmp_path, workers):
-    import ray
-
-    texts = corpus_texts()
-    chunk_set = chunk_set_of(texts)
-    cache = ArtifactCache(tmp_path / "cache")
-    on_ray = ray_embedder(address=ray_cluster.address, num_workers=workers, ray_batch_size=64)
-    local = SentenceTransformerEmbedder(MODEL, show_progress=False)
-
-    built = Artifacts(cache, chunk_set)
-    vectors = np.array(built.vectors(on_ray))
-    run = on_ray.last_run
-    assert built.record["vectors"]["hit"] is False
+    res = in_own_process("ray_vectors_stage", address=ray_cluster.address, workers=workers, cache=str(tmp_path / "cache"))
+    run = res["last_run"]
+    assert res["first_hit"] is False
     assert run["engine"] == "ray" and run["texts"] == 300  # the distinct texts (default min_texts=256)
     assert len(run["workers"]) == workers  # one model per actor
     assert len(run["nodes"]) == workers  # one CPU per node: two actors need both nodes
-    assert not ray.is_initialized()  # the driver disconnected; the cluster runs on
+    assert res["initialized_after"] is False  # the driver disconnected; the cluster runs on
 
-    np.testing.assert_allclose(vectors, local.encode(texts), atol=1e-5)
+    vectors = np.load(res["vectors"])
+    np.testing.assert_allclose(vectors, SentenceTransformerEmbedder(MODEL, show_progress=False).encode(corpus_texts()), atol=1e-5)
     np.testing.assert_array_equal(vectors[300:], vectors[:60])
 
-    again = Artifacts(cache, chunk_set)
-    assert np.array_equal(again.vectors(local), vectors)
-    assert again.record["vectors"] == built.record["vectors"] | {"hit": True}  # same key, a cache hit
+    again = Artifacts(ArtifactCache(tmp_path / "cache"), chunk_set_of(corpus_texts()))
+    assert np.array_equal(again.vectors(SentenceTransformerEmbedder(MODEL, show_progress=False)), vectors)
+    assert again.record["vectors"] == res["record"] | {"hit": True}  # the local embedder's key: a cache hit
+
+
+def ray_vectors_stage(address: str, workers: int, cache: str) -> dict:
+    """Builds the vectors of corpus_texts() on the cluster at `address` into `cache`."""
+    import ray
+
+    on_ray = ray_embedder(address=address, num_workers=workers, ray_batch_size=64)
+    built = Artifacts(ArtifactCache(cache), chunk_set_of(corpus_texts()))
+    vectors = np.array(built.vectors(on_ray))
+    path = Path(cache) / "ray_vectors.npy"
+    np.save(path, vectors)
+    return {"vectors": str(path), "last_run": on_ray.last_run, "record": built.record["vectors"],
+            "first_hit": built.record["vectors"]["hit"], "initialized_after": ray.is_initialized()}
 
 
 @pytest.mark.distributed
 def test_without_an_address_a_private_ray_runs_on_loopback_for_the_stage_only():
-    # In a process of its own, as a run is: Ray keeps token authentication on in a process that
-    # started a local instance, which would keep this process from joining the test cluster.
-    from experiments.benchmarks.common import run_case
-
-    res = run_case("tests.test_distributed", "private_ray_stage", {"n_texts": 80}, timeout=300)
-    assert "error" not in res, res["error"] if "error" in res else ""
+    # Without the cluster: Ray keeps token authentication on in a process that started a local
+    # instance, which would keep that process from joining the test cluster.
+    res = in_own_process("private_ray_stage", n_texts=80)
     assert res["node_addresses"] == ["127.0.0.1"]  # nothing listens beyond loopback
     assert res["last_run"]["engine"] == "ray" and len(res["last_run"]["workers"]) == 1
     assert res["initialized_after"] is False  # started for the stage, stopped after it
@@ -134,12 +151,23 @@ def test_a_model_the_workers_cannot_load_fails_the_stage_with_their_one_line_err
     from rag.embedder.sentence_transformer import resolve_model_path
 
     model = shutil.copytree(resolve_model_path(MODEL), tmp_path / "minilm")
-    here_only = ray_embedder(model=str(model), address=ray_cluster.address, num_workers=1, min_texts=0)
+    res = in_own_process("vanishing_model_stage", address=ray_cluster.address, model=str(model))
+    assert res["error_type"] == "RagError"
+    assert res["message"] == f"embedder model '{model}': path {model} does not exist"
+
+
+def vanishing_model_stage(address: str, model: str) -> dict:
+    """The driver loads `model`, which is then deleted before the workers look for it."""
+    import shutil
+
+    here_only = ray_embedder(model=model, address=address, num_workers=1, min_texts=0)
     here_only.model  # loaded by the driver, then gone before the workers look for it
     shutil.rmtree(model)
-    with pytest.raises(RagError) as e:
+    try:
         list(here_only.encode_blocks(corpus_texts()[:10], 8192))
-    assert str(e.value) == f"embedder model '{model}': path {model} does not exist"
+    except Exception as e:  # noqa: BLE001 (reported to the test, which names the type it expects)
+        return {"error_type": type(e).__name__, "message": str(e)}
+    return {"error_type": None, "message": ""}
 
 
 @pytest.mark.distributed
@@ -194,9 +222,10 @@ def assert_grid_sweep(sweep: Path, cache: Path) -> None:
 
 @pytest.mark.distributed
 def test_ray_encoding_benchmark_tiny():
-    from experiments.benchmarks.ray_encoding import bench_ray_encoding
-
-    res = bench_ray_encoding(quick=True, full=False, tiny=True)
+    res = run_case("experiments.benchmarks.ray_encoding", "bench_ray_encoding",
+                   {"quick": True, "full": False, "tiny": True}, timeout=600, env={"PYTHONFAULTHANDLER": "1"})
+    assert "error" not in res, res.get("error")
+    assert res["exit_code"] == 0, res.get("stderr_tail")
     assert {"table", "environment", "wall_s", "loadavg_start", "loadavg_end"} <= set(res)
     assert all({"measure", "value", "unit", "note"} <= set(r) for r in res["table"])
     for key in ("local_chunks_per_s", "ray1_chunks_per_s", "ray2_chunks_per_s", "cluster_start_s"):

@@ -172,9 +172,10 @@ def mb(nbytes: float) -> float:
 
 # -- subprocess cases -----------------------------------------------------------------------
 
-def run_case(module: str, func: str, kwargs: dict[str, Any], timeout: float = 3600) -> dict[str, Any]:
+def run_case(module: str, func: str, kwargs: dict[str, Any], timeout: float = 3600,
+             env: dict[str, str] | None = None) -> dict[str, Any]:
     """Runs `module.func(**kwargs)` in a fresh Python process (so its peak RSS is its own) and
-    returns its JSON result; a failure is returned as {"error": ...}."""
+    returns its JSON result with the process's `exit_code`; a failure is returned as {"error": ...}."""
     code = (
         "import json, sys\n"
         f"from {module} import {func} as f\n"
@@ -182,7 +183,7 @@ def run_case(module: str, func: str, kwargs: dict[str, Any], timeout: float = 36
         f"print({RESULT_MARK!r} + json.dumps(r, default=str), flush=True)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     t0 = time.perf_counter()
     try:
         done = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], check=False, capture_output=True,
@@ -193,6 +194,11 @@ def run_case(module: str, func: str, kwargs: dict[str, Any], timeout: float = 36
         if line.startswith(RESULT_MARK):
             res = json.loads(line[len(RESULT_MARK):])
             res["process_wall_s"] = round(time.perf_counter() - t0, 2)
+            # A process can crash after reporting (a library's threads at interpreter exit): its
+            # result stands, and the exit code says how it ended.
+            res["exit_code"] = done.returncode
+            if done.returncode:
+                res["stderr_tail"] = done.stderr.strip()[-3000:]
             return res
     return {"error": f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"}
 
