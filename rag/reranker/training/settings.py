@@ -18,6 +18,7 @@ DEFAULT_TRAIN: dict[str, Any] = {
     # training queries per family (0 = off): labelled (train part of `labelled`), templates
     # (question templates over document structure), mined (pseudo-queries of the first recipe),
     # generated (LLM questions with a round-trip filter, see `generator`)
+    # (conf/reranker/cross_encoder.yaml sets the measured recipe, which needs a labelled question set)
     "queries": {"labelled": 0, "templates": 0, "mined": 2000, "generated": 0},
     "epochs": 1,
     "lr": 8e-5,  # encoder learning rate
