@@ -331,3 +331,20 @@ def test_grid_sweep_tiny(tmp_path, monkeypatch):
     _check_table(res)
     assert res["grid_sweep_ratio"] == 3.0 and res["jobs"] == 9 and len(calls) == 4
     assert not (tmp_path / "caches" / "grid-runs").exists()  # the cold caches are removed again
+
+
+def test_reranking_tiny_trains_the_cross_encoder_and_compares_each_v3_with_v2(tmp_path):
+    """Real processes end to end: a seconds-long model trained by `python -m rag.reranker.training`,
+    then v2, v3 and v3 with that model run by `python run.py` and compared question by question."""
+    from experiments.benchmarks.reranking import METRICS, bench_reranking
+
+    res = bench_reranking(tiny=True, work_dir=tmp_path)
+    _check_table(res)
+    assert res["training"]["hit"] is False and "trained" in res["training"]["status"]
+    dev = res["sets"]["dev"]
+    assert [r["reranker"].rsplit(".", 1)[1] for r in dev["runs"].values()] == ["NoReranker", "MMRReranker",
+                                                                               "CrossEncoderReranker"]
+    assert {(d["label"], d["metric"]) for d in dev["diffs"]} == {(s, m) for s in ("v3 (MMR)", "v3 (cross-encoder)")
+                                                                  for m in METRICS}
+    assert all(d["n"] == 4 and d["ci_low"] <= d["diff"] <= d["ci_high"] for d in dev["diffs"])
+    assert dev["n_tests"] == len(dev["diffs"])
