@@ -25,7 +25,7 @@ def _check_table(res):
 def test_registry_functions_take_quick_and_full():
     assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "ray_encoding",
                              "generation", "serving", "generation_speed", "retrieval_latency", "alpha_sweep",
-                             "grid_sweep"}
+                             "grid_sweep", "reranking"}
     for fn in REGISTRY.values():
         params = inspect.signature(fn).parameters
         assert list(params)[:2] == ["quick", "full"] and "tiny" in params

@@ -161,8 +161,11 @@ def test_ctrl_c_mid_run_is_one_line_130_and_leaves_nothing_half_written(tiny_fil
     with one line, no results, and no half-built artifact in the cache."""
     env = {**ENV, "RAGRIG_TEST_PAUSE_BEFORE_PUBLISH": "vectors:120"}
     out = tiny_files["out"]
+    # A test process started in the background by a non-interactive shell inherits SIGINT ignored,
+    # and Python keeps an ignored SIGINT ignored: the run gets the disposition a terminal gives it.
     proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "run.py"), f"hydra.run.dir={out}", *tiny_overrides(tiny_files)],
-                            cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     vectors = tiny_files["cache"] / "vectors"
     deadline = time.time() + 240
     while time.time() < deadline and not list(vectors.glob("tmp-*")):

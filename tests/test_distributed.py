@@ -14,8 +14,11 @@ and then die with a segmentation fault at exit.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -43,21 +46,39 @@ NODE_ENV = {"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_P
 LOOPBACK_DRIVER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
+# The cluster lives in a process of its own too, so that no Ray object of any kind (the GCS client
+# that waits for the nodes included) is ever in the test process.
+CLUSTER_PROCESS = """
+import json, sys
+from ray.cluster_utils import Cluster
+node = json.loads(sys.argv[1])
+cluster = Cluster(initialize_head=True, head_node_args=dict(node))
+try:
+    cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    print("address=" + cluster.address, flush=True)
+    sys.stdin.read()  # runs until the test process closes this pipe
+finally:
+    cluster.shutdown()
+"""
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in NODE_ENV.items():
-            mp.setenv(k, v)
-        cluster = Cluster(initialize_head=True, head_node_args=dict(NODE))
+    proc = subprocess.Popen([sys.executable, "-c", CLUSTER_PROCESS, json.dumps(NODE)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, **NODE_ENV})
+    try:
+        address = next((line.strip()[8:] for line in proc.stdout if line.startswith("address=")), "")
+        if not address:
+            pytest.fail(f"the test's Ray cluster did not start (exit {proc.wait()})")
+        yield SimpleNamespace(address=address)
+    finally:
+        proc.stdin.close()
         try:
-            cluster.add_node(**NODE)
-            cluster.wait_for_nodes()
-            yield cluster
-        finally:
-            cluster.shutdown()
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def corpus_texts() -> list[str]:
