@@ -19,9 +19,7 @@ class StageTimer:
         try:
             yield
         finally:
-            dt = time.perf_counter() - t0
-            self.seconds[name] = self.seconds.get(name, 0.0) + dt
-            log.info("stage %-10s %8.2f s", name, dt)
+            self.add(name, time.perf_counter() - t0)
 
     def add(self, name: str, seconds: float) -> None:
         """Time spent in a stage that runs interleaved with another (one question at a time)."""

@@ -96,9 +96,10 @@ def ray_embedder(model: str = MODEL, **settings):
 
 # -- the Ray embedding engine -------------------------------------------------------------------
 
-def in_own_process(func: str, timeout: float = 300, **kwargs) -> dict:
-    """`func(**kwargs)` of this module in a fresh Python process; its result, once it exited with 0."""
-    res = run_case("tests.test_distributed", func, kwargs, timeout=timeout, env={"PYTHONFAULTHANDLER": "1"})
+def in_own_process(func: str, timeout: float = 300, module: str = "tests.test_distributed", **kwargs) -> dict:
+    """`module.func(**kwargs)` (by default of this module) in a fresh Python process; its result,
+    once it exited with 0."""
+    res = run_case(module, func, kwargs, timeout=timeout, env={"PYTHONFAULTHANDLER": "1"})
     assert "error" not in res, res.get("error")
     assert res["exit_code"] == 0, f"exit {res['exit_code']} after reporting: {res.get('stderr_tail')}"
     return res
@@ -115,12 +116,13 @@ def test_ray_vectors_equal_local_vectors_and_share_their_cache_entry(ray_cluster
     assert len(run["nodes"]) == workers  # one CPU per node: two actors need both nodes
     assert res["initialized_after"] is False  # the driver disconnected; the cluster runs on
 
-    vectors = np.load(res["vectors"])
-    np.testing.assert_allclose(vectors, SentenceTransformerEmbedder(MODEL, show_progress=False).encode(corpus_texts()), atol=1e-5)
+    vectors, texts = np.load(res["vectors"]), corpus_texts()
+    local = SentenceTransformerEmbedder(MODEL, show_progress=False)
+    np.testing.assert_allclose(vectors, local.encode(texts), atol=1e-5)
     np.testing.assert_array_equal(vectors[300:], vectors[:60])
 
-    again = Artifacts(ArtifactCache(tmp_path / "cache"), chunk_set_of(corpus_texts()))
-    assert np.array_equal(again.vectors(SentenceTransformerEmbedder(MODEL, show_progress=False)), vectors)
+    again = Artifacts(ArtifactCache(tmp_path / "cache"), chunk_set_of(texts))
+    assert np.array_equal(again.vectors(local), vectors)
     assert again.record["vectors"] == res["record"] | {"hit": True}  # the local embedder's key: a cache hit
 
 
@@ -182,7 +184,7 @@ def vanishing_model_stage(address: str, model: str) -> dict:
     import shutil
 
     here_only = ray_embedder(model=model, address=address, num_workers=1, min_texts=0)
-    here_only.model  # loaded by the driver, then gone before the workers look for it
+    here_only.model  # noqa: B018 (loaded by the driver, then gone before the workers look for it)
     shutil.rmtree(model)
     try:
         list(here_only.encode_blocks(corpus_texts()[:10], 8192))
@@ -243,10 +245,8 @@ def assert_grid_sweep(sweep: Path, cache: Path) -> None:
 
 @pytest.mark.distributed
 def test_ray_encoding_benchmark_tiny():
-    res = run_case("experiments.benchmarks.ray_encoding", "bench_ray_encoding",
-                   {"quick": True, "full": False, "tiny": True}, timeout=600, env={"PYTHONFAULTHANDLER": "1"})
-    assert "error" not in res, res.get("error")
-    assert res["exit_code"] == 0, res.get("stderr_tail")
+    res = in_own_process("bench_ray_encoding", timeout=600, module="experiments.benchmarks.ray_encoding",
+                         quick=True, full=False, tiny=True)
     assert {"table", "environment", "wall_s", "loadavg_start", "loadavg_end"} <= set(res)
     assert all({"measure", "value", "unit", "note"} <= set(r) for r in res["table"])
     for key in ("local_chunks_per_s", "ray1_chunks_per_s", "ray2_chunks_per_s", "cluster_start_s"):

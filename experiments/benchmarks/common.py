@@ -391,16 +391,22 @@ def cold_cache(root: Path, share_from: Path | None = None) -> Path:
     return root
 
 
-def run_py(args: list[str], timeout: float | None = None,
-           env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    """`python run.py <args>` in a fresh process from the project root, as a user runs it
-    (offline, quiet tokenizers): the finished process and its wall seconds, imports and model
-    loading included. subprocess.TimeoutExpired past `timeout`."""
+def run_python(argv: list[str], timeout: float | None = None,
+               env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """`python <argv>` in a fresh process from the project root, as a user runs it (offline, quiet
+    tokenizers): the finished process and its wall seconds, imports and model loading included.
+    subprocess.TimeoutExpired past `timeout`."""
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), *args], check=False, capture_output=True,
+    done = subprocess.run([sys.executable, *argv], check=False, capture_output=True,
                           text=True, timeout=timeout, env=full_env, cwd=str(PROJECT_ROOT))
     return done, time.perf_counter() - t0
+
+
+def run_py(args: list[str], timeout: float | None = None,
+           env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """`python run.py <args>` (run_python)."""
+    return run_python([str(PROJECT_ROOT / "run.py"), *args], timeout, env)
 
 
 def run_pipeline_subprocess(overrides: list[str], out_dir: Path, timeout: float = 3600) -> dict[str, Any]:

@@ -11,16 +11,20 @@ cached, and reranking 382 questions with the cross-encoder about 4 more.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from experiments.aggregate import load_records
-from experiments.benchmarks.common import finish, row, run_pipeline_subprocess, scratch_dir, start, tiny_dataset
+from experiments.benchmarks.common import (
+    finish,
+    row,
+    run_pipeline_subprocess,
+    run_python,
+    scratch_dir,
+    start,
+    tiny_dataset,
+)
 from experiments.verdict import compare
-from rag.config import PROJECT_ROOT
 
 SIDES = {
     "v2": ["+version=v2"],
@@ -61,10 +65,7 @@ def bench_reranking(quick: bool = True, full: bool = False, tiny: bool = False, 
 
 def train_model(overrides: list[str]) -> dict[str, Any]:
     """`python -m rag.reranker.training` with the run's overrides: found in the cache or trained."""
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rag.reranker.training", *overrides], capture_output=True, text=True,
-                          cwd=str(PROJECT_ROOT), check=False)
-    wall = time.perf_counter() - t0
+    done, wall = run_python(["-m", "rag.reranker.training", *overrides])
     if done.returncode != 0:
         raise RuntimeError(f"python -m rag.reranker.training: exit {done.returncode}: {done.stderr.strip()[-1200:]}")
     status = next((line for line in done.stdout.splitlines() if line.startswith("cross-encoder ")), "")
