@@ -273,7 +273,7 @@ class ArtifactCache:
         path = self.record_path(kind, key)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except (ValueError, UnicodeDecodeError):
             log.warning("cache: record %s is unreadable; ignoring it", path)

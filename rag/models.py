@@ -18,6 +18,7 @@ outputs/cache (the default of conf/config.yaml's paths.cache).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -118,3 +119,17 @@ class UsesCache:
     @property
     def cache(self) -> ArtifactCache:
         return self._cache if self._cache is not None else default_cache()
+
+
+def model_fingerprint(path: str) -> str:
+    """Names, sizes and modification times of a local model folder's files (cheap, and changes
+    when the weights are replaced); a hub id is its own fingerprint."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        return path
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            st = f.stat()
+            h.update(f"{f.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:20]

@@ -18,7 +18,7 @@ def retrieve_rerank(retriever: Retriever, reranker: Any, query: str, source_filt
     t0 = time.perf_counter()
     fused = retriever.search_one(query, depth, source_filter, reuse)
     t1 = time.perf_counter()
-    hits = reranker.rerank([query], fused, chunks, k)
+    hits = reranker.rerank([query], fused, chunks, k, reuse=reuse)
     return hits, 1000.0 * (t1 - t0), 1000.0 * (time.perf_counter() - t1)
 
 

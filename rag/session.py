@@ -123,6 +123,7 @@ def open_session(cfg: DictConfig, askers: list[Asker] = ()) -> Session:
         docs = slice_documents(all_docs, qa, cfg.slice.docs_per_source, cfg.slice.seed)
         check_document_sizes(docs, cfg.max_doc_chars)
         parts.retriever.check_filters([(f"question {q.id!r}", q.corpus, q.source) for q in qa] + list(askers), docs)
+        parts.reranker.check_questions(qa)
 
     with timer.stage("chunk"):
         chunk_set = artifacts.chunks(parts.chunker, container(cfg.chunker), docs)

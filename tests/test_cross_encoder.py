@@ -3,6 +3,7 @@ trained model (a tiny real training run). The training data itself: tests/test_r
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from rag.cache import ArtifactCache
 from rag.reranker.cross_encoder import CrossEncoderReranker, fuse_scores
 from rag.reranker.training import artifact as A
-from rag.types import Document, Hits, RagError, make_chunk
+from rag.types import Document, Hits, QAItem, RagError, make_chunk
 from tests.test_reranker_training import QUESTIONS, mini_corpus
 
 # ---- 1. ordering ------------------------------------------------------------------------------
@@ -39,10 +40,11 @@ def _chunks(texts: list[str]):
     return out
 
 
-def _reranker(**kw) -> tuple[CrossEncoderReranker, FakeCrossEncoder]:
+def _reranker(cache_dir: Path | None = None, **kw) -> tuple[CrossEncoderReranker, FakeCrossEncoder]:
     r = CrossEncoderReranker(model="some/hub-model", **kw)
     fake = FakeCrossEncoder()
     r._model = fake  # injected: nothing is loaded
+    r.use_cache(ArtifactCache(cache_dir or tempfile.mkdtemp(prefix="ragrig-ce-test-")))
     return r, fake
 
 
@@ -61,9 +63,42 @@ def test_rerank_orders_by_score_ties_by_retrieval_rank():
     # query 1 has two valid candidates: delta 1, beta 0; the empty slot stays empty
     assert out.ids[1].tolist() == [4, 3, -1]
     assert out.scores[1][2] == -np.inf
-    # one batched predict call over the valid candidates of every row
-    assert len(fake.calls) == 1 and len(fake.calls[0]) == 6
+    # one predict call per question over its valid candidates, so that a question's scores do not
+    # depend on which questions share the call (padding within a batch)
+    assert [len(c) for c in fake.calls] == [4, 2]
     assert ("beta gamma", "beta gamma delta") not in fake.calls[0]
+
+
+def test_scores_are_recorded_in_the_cache_and_a_timed_search_scores_anew(tmp_path: Path):
+    chunks = _chunks(["alpha", "beta gamma", "gamma", "beta"])
+    hits = Hits(np.array([[0, 1, 2, 3]]), np.array([[4, 3, 2, 1]], np.float32))
+    r, fake = _reranker(tmp_path, top_n=4)
+    first = r.rerank(["beta gamma"], hits, chunks, k=3)
+    assert len(fake.calls) == 1 and list((tmp_path / "rerank_scores").rglob("*.json"))
+    # another reranker object on the same cache (a later run) reads the scores instead of scoring
+    again, fake2 = _reranker(tmp_path, top_n=4)
+    assert again.rerank(["beta gamma"], hits, chunks, k=3).ids.tolist() == first.ids.tolist()
+    assert fake2.calls == []
+    # a timed search (rag.latency) scores
+    assert again.rerank(["beta gamma"], hits, chunks, k=3, reuse=False).ids.tolist() == first.ids.tolist()
+    assert len(fake2.calls) == 1
+    # other candidates, another query or another model: scored
+    again.rerank(["beta"], hits, chunks, k=3)
+    other, fake3 = _reranker(tmp_path, top_n=4)
+    other._identity = {**other._identity, "model": "another/model"}
+    other.rerank(["beta gamma"], hits, chunks, k=3)
+    assert len(fake2.calls) == 2 and len(fake3.calls) == 1
+
+
+def test_a_read_only_cache_only_stops_the_recording(tmp_path: Path, caplog):
+    chunks = _chunks(["alpha", "beta"])
+    hits = Hits(np.array([[0, 1]]), np.array([[2, 1]], np.float32))
+    r, fake = _reranker(tmp_path / "ro", top_n=2)
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro" / "rerank_scores").write_text("a file where a folder should be")
+    assert r.rerank(["beta"], hits, chunks, k=2).ids.tolist() == [[1, 0]]
+    assert r.rerank(["beta"], hits, chunks, k=2).ids.tolist() == [[1, 0]]
+    assert len(fake.calls) == 2 and "not recorded" in caplog.text
 
 
 def test_rerank_keeps_candidates_past_top_n_after_the_reranked_ones():
@@ -221,6 +256,46 @@ def test_trained_model_is_cached_and_keyed_by_settings(tmp_path: Path, monkeypat
         r3.warm_up()
 
 
+def test_layers_keeps_the_first_layers_of_the_base_model_and_the_saved_model_loads_so(tmp_path: Path):
+    from transformers import AutoConfig
+
+    from rag.reranker.training.settings import train_settings
+
+    train = {**TINY_TRAIN, "queries": {"templates": 8}, "corpus": mini_corpus(), "layers": 1}
+    r = CrossEncoderReranker(model="trained:", train=train, max_length=64)
+    r.use_cache(ArtifactCache(tmp_path / "cache"))
+    r.warm_up()
+    assert AutoConfig.from_pretrained(r.artifact.path).num_hidden_layers == 1
+    assert len(r.model.model.bert.encoder.layer) == 1
+    assert A.artifact_key(train, r.cache) != A.artifact_key({**train, "layers": None}, r.cache)
+    for bad in (0, -1, 2.5, "three"):
+        with pytest.raises(RagError, match="layers"):
+            train_settings({"layers": bad})
+    with pytest.raises(RagError, match="between 1 and 6"):
+        A.build_trained_model({**train, "layers": 7}, ArtifactCache(tmp_path / "other"))
+
+
+def test_a_run_never_scores_a_question_the_reranker_was_trained_on(tmp_path: Path):
+    from rag.qa import JsonlQuestions
+
+    path = _write_questions(tmp_path / "q.jsonl")
+    r = CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "labelled": _labelled(path, 0.5)})
+    split = {"fraction": 0.5, "seed": 0}
+    train_part = JsonlQuestions(path, split={**split, "part": "train"}).load()
+    test_part = JsonlQuestions(path, split={**split, "part": "test"}).load()
+    assert train_part and test_part
+    r.check_questions(test_part)  # fine: never trained on
+    with pytest.raises(RagError, match=f"1 of the {len(test_part) + 1} questions .* train part of reranker.train.labelled"):
+        r.check_questions(test_part + train_part[:1])
+    renamed = [QAItem("other-id", train_part[0].question.upper(), "a", None, "c")]
+    with pytest.raises(RagError, match="train part"):  # the same question under another id
+        r.check_questions(renamed)
+    # no labelled family, or another model: nothing to check
+    CrossEncoderReranker(model="trained:", train={**TINY_TRAIN, "queries": {"templates": 8},
+                                                 "labelled": _labelled(path, 0.5)}).check_questions(train_part)
+    CrossEncoderReranker(model="some/hub-model").check_questions(train_part)
+
+
 def test_training_documents_may_be_given_in_any_form(tmp_path: Path):
     """The artifact key does not depend on how the corpus is given."""
     docs = mini_corpus()
@@ -251,5 +326,20 @@ def test_default_config_builds_the_reranker(tmp_path: Path):
         cfg = compose("config", overrides=["reranker=cross_encoder", f"paths.cache={tmp_path}"])
     r = create(cfg.reranker)
     assert isinstance(r, CrossEncoderReranker) and r.model_name == "trained:"
+    assert r.precision == "fp32" and r.fuse_method == "rrf" and r.top_n == 20
     assert hasattr(r.train["corpus"], "parts")
     assert r.train["labelled"].split.part == "train"
+
+
+def test_v3_reranks_with_the_trained_cross_encoder_and_v4_inherits_it():
+    """Issue 17: v3 is v2 plus the cross-encoder (the seed's design), trained here on first use."""
+    from hydra import compose, initialize_config_dir
+
+    from rag.config import PROJECT_ROOT
+
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        for version in ("v3", "v4"):
+            cfg = compose("config", overrides=[f"+version={version}"])
+            assert cfg.reranker._target_ == "rag.reranker.cross_encoder.CrossEncoderReranker"
+            assert cfg.reranker.model == "trained:"
+        assert compose("config", overrides=["+version=v2"]).reranker._target_ == "rag.reranker.NoReranker"

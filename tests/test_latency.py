@@ -36,7 +36,7 @@ class CountingRetriever(Retriever):
 
 
 class NoRerank:
-    def rerank(self, queries, hits, chunks, k):
+    def rerank(self, queries, hits, chunks, k, reuse=True):
         return hits
 
 

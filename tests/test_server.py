@@ -58,7 +58,7 @@ def data(root) -> dict[str, Path]:
 
 
 def overrides(data: dict[str, Path], cache: Path, *extra: str) -> list[str]:
-    return ["+version=v3", "debug=tiny", f"corpus.path={data['corpus']}", f"qa.path={data['qa']}",
+    return ["+version=v3", "reranker=mmr", "debug=tiny", f"corpus.path={data['corpus']}", f"qa.path={data['qa']}",
             "chunker.chunk_size=120", "chunker.chunk_overlap=20", f"paths.cache={cache}", *extra]
 
 

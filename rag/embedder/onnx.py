@@ -10,7 +10,6 @@ releases all pin transformers < 5, so the export here uses torch.onnx and onnxru
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from rag.cache import ArtifactCache, make_key
+from rag.models import model_fingerprint
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -47,20 +47,6 @@ _CHECK_TEXTS = [
     "A longer sentence, so that the batch is padded and the attention mask is traced as a tensor.",
     "The quick brown fox jumps over the lazy dog. " * 80,  # past any max_seq_length: truncation
 ]
-
-
-def model_fingerprint(path: str) -> str:
-    """Names, sizes and modification times of a local model folder's files (cheap, and changes
-    when the weights are replaced); a hub id is its own fingerprint."""
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        return path
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*")):
-        if f.is_file():
-            st = f.stat()
-            h.update(f"{f.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:20]
 
 
 def onnx_export_params(model_name: str, path: str, quantize: str | None) -> dict[str, Any]:

@@ -3,14 +3,16 @@
 The pipeline retrieves `max(k, reranker.top_n)` fused candidates, calls `use_cache(cache)` (the
 session's artifact cache, for a reranker that builds or loads a model artifact), `prepare(artifacts)`
 once (access to cached chunk vectors), `warm_up()` (load models outside timed stages), then
-`rerank(queries, hits, chunks, k)`, which returns the best k of each row of `hits`.
+`rerank(queries, hits, chunks, k, reuse)`, which returns the best k of each row of `hits`.
+`reuse=False` (a timed search, rag.latency) means: compute, take nothing remembered from an earlier
+call (the cross-encoder records its scores in the cache; the others remember nothing).
 """
 from __future__ import annotations
 
 from typing import Any
 
 from rag.cache import ArtifactCache
-from rag.types import Chunk, Hits
+from rag.types import Chunk, Hits, QAItem
 
 
 class Reranker:
@@ -26,12 +28,15 @@ class Reranker:
     def warm_up(self) -> None:
         """Optional: load models so that the timed rerank stage measures reranking only."""
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int) -> Hits:
+    def check_questions(self, questions: list[QAItem]) -> None:
+        """Optional: refuse (RagError) to rank questions the reranker was trained on."""
+
+    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
         raise NotImplementedError
 
 
 class NoReranker(Reranker):
     """Keeps the retrieval order: the top k of the fused list."""
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int) -> Hits:
+    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
         return hits.top(k)

@@ -5,7 +5,12 @@ rag/models.py resolves all three), or `trained:`: the packaged MiniLM fine-tuned
 `train` settings (rag/reranker/training/), built once and cached as the artifact
 `<cache>/cross_encoder/<key>` in the artifact cache that `use_cache` gives.
 
-Only the first `top_n` candidates of the first stage are scored. `fuse` combines the
+Only the first `top_n` candidates of the first stage are scored, each question's in one batch of
+its own (so its scores do not depend on which questions share a call). Those scores are recorded in
+the artifact cache (kind `rerank_scores`, keyed by the model, its settings, the query and the
+candidates' texts), so a run that reranks the same candidates again (a repeated demo, a sweep
+over settings downstream of reranking) reads them instead of scoring; a timed search
+(`reuse=False`, rag.latency) always scores. `fuse` combines the
 cross-encoder's order with the first stage's order (see `fuse_scores`); `label_passages` puts each
 chunk's document label before its text, as the trained model saw its passages (null: as the model
 was trained, read from its reranker.json; other models: no labels).
@@ -13,20 +18,23 @@ was trained, read from its reranker.json; other models: no labels).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rag.models import UsesCache, resolve_model
+from rag.cache import make_key
+from rag.models import UsesCache, model_fingerprint, resolve_model
 from rag.reranker.base import Reranker
-from rag.types import Chunk, Hits, RagError
+from rag.types import Chunk, Hits, QAItem, RagError
 
 log = logging.getLogger(__name__)
 
 TRAINED = "trained:"
 FUSE_METHODS = ("none", "rrf", "linear")
+SCORES = "rerank_scores"  # record kind: one question's logits for its candidates
 
 
 def fuse_scores(ce: np.ndarray, method: str, weight: float, k: int = 60) -> np.ndarray:
@@ -105,6 +113,9 @@ class CrossEncoderReranker(UsesCache, Reranker):
         self.train = dict(train or {})
         self._model: Any = None
         self.artifact: Any = None  # the cross_encoder artifact, for `trained:`
+        # what the recorded scores depend on besides the texts (made exact when the model loads)
+        self._identity: dict[str, Any] = {"model": self.model_name, "max_length": self.max_length, "precision": precision}
+        self._recording = True  # false once the cache refused a record (read-only)
         if self.model_name == TRAINED:
             from rag.reranker.training.settings import train_settings
 
@@ -132,7 +143,15 @@ class CrossEncoderReranker(UsesCache, Reranker):
                 local = Path(path)
                 self.label_passages = bool(local.is_dir() and reranker_info(local).get("label_passages", False))
             self._model = load_cross_encoder(path, self.max_length, self.device)
+            self._identity = {"model": self.artifact.key if self.artifact is not None else path,
+                              "files": model_fingerprint(path), "max_length": self.max_length,
+                              "precision": "bf16" if self._bf16() else "fp32"}
         return self._model
+
+    def _bf16(self) -> bool:
+        from rag.reranker.training.fit import bf16_ok
+
+        return self.precision == "bf16" and bf16_ok(self.device)
 
     def passage(self, chunk: Chunk) -> str:
         if self.label_passages:
@@ -140,6 +159,24 @@ class CrossEncoderReranker(UsesCache, Reranker):
 
             return with_label(chunk.doc_id, chunk.text)
         return chunk.text
+
+    def check_questions(self, questions: list[QAItem]) -> None:
+        """A `trained:` model learnt from the train part of `train.labelled`: a run must not score
+        any of those questions (same id, or the same question text)."""
+        labelled = self.train.get("labelled")
+        if self.model_name != TRAINED or labelled is None or not self.train.get("queries", {}).get("labelled"):
+            return
+        from rag.reranker.training.labelled import training_questions
+        from rag.reranker.training.text import norm
+
+        trained = training_questions(labelled)
+        ids, texts = {q.id for q in trained}, {norm(q.question) for q in trained}
+        seen = [q.id for q in questions if q.id in ids or norm(q.question) in texts]
+        if seen:
+            raise RagError(
+                f"{len(seen)} of the {len(questions)} questions to score (e.g. {seen[0]!r}) are in the train part of "
+                "reranker.train.labelled, which trains the cross-encoder; score questions it never saw "
+                "(qa.split.part=test, qa=heldout, the default slice) or rerank otherwise (reranker=mmr)")
 
     def warm_up(self) -> None:
         self.model  # noqa: B018 (loads, and trains `trained:` if needed)
@@ -152,10 +189,8 @@ class CrossEncoderReranker(UsesCache, Reranker):
             return np.zeros(0, np.float32)
         import torch
 
-        from rag.reranker.training.fit import bf16_ok
-
-        bf16 = self.precision == "bf16" and bf16_ok(self.device)
-        with torch.autocast("cuda" if self.device.startswith("cuda") else "cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast("cuda" if self.device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
+                            enabled=self._bf16()):
             scores = self.model.predict(
                 pairs,
                 batch_size=self.batch_size,
@@ -168,7 +203,29 @@ class CrossEncoderReranker(UsesCache, Reranker):
             scores = scores[:, -1]
         return scores.reshape(-1)
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int) -> Hits:
+    def scores_key(self, query: str, passages: list[str]) -> str:
+        h = hashlib.sha256()
+        for p in passages:
+            h.update(p.encode("utf-8", "surrogatepass") + b"\0")
+        return make_key(SCORES, self._identity, {"query": query, "passages": h.hexdigest()})
+
+    def question_scores(self, query: str, passages: list[str], reuse: bool) -> np.ndarray:
+        """One question's logits: recorded ones when `reuse` and present, else scored (and recorded)."""
+        key = self.scores_key(query, passages)
+        if reuse:
+            rec = self.cache.get_record(SCORES, key)
+            if rec is not None and len(rec.get("scores", ())) == len(passages):
+                return np.asarray(rec["scores"], np.float32)
+        scores = self.score([(query, p) for p in passages])
+        if reuse and self._recording:
+            try:
+                self.cache.put_record(SCORES, key, {"scores": [float(x) for x in scores]})
+            except OSError as e:
+                self._recording = False
+                log.warning("reranker: scores are not recorded in the cache (%s); every run scores anew", e)
+        return scores
+
+    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
         """The valid candidates among the first top_n of each row, rescored and sorted (ties keep
         the retrieval order); candidates past top_n follow in retrieval order with lower scores."""
         if len(queries) != hits.n_queries:
@@ -176,21 +233,13 @@ class CrossEncoderReranker(UsesCache, Reranker):
         k = int(k)
         if k <= 0:
             return Hits.empty(hits.n_queries, 0)
-        heads: list[list[int]] = []
-        tails: list[list[int]] = []
-        pairs: list[tuple[str, str]] = []
         self.model  # noqa: B018 (settles label_passages before the passages are made)
+        rows: list[list[tuple[int, float]]] = []
         for q in range(hits.n_queries):
             valid = [int(i) for i in hits.ids[q] if i >= 0]
-            heads.append(valid[: self.top_n])
-            tails.append(valid[self.top_n :])
-            pairs.extend((queries[q], self.passage(chunks[i])) for i in heads[-1])
-        scores = self.score(pairs)
-        rows: list[list[tuple[int, float]]] = []
-        at = 0
-        for head, tail in zip(heads, tails):
-            s = fuse_scores(scores[at : at + len(head)], self.fuse_method, self.fuse_weight, self.fuse_k)
-            at += len(head)
+            head, tail = valid[: self.top_n], valid[self.top_n :]
+            logits = self.question_scores(queries[q], [self.passage(chunks[i]) for i in head], reuse)
+            s = fuse_scores(logits, self.fuse_method, self.fuse_weight, self.fuse_k)
             order = np.argsort(-s, kind="stable")  # stable: ties keep the retrieval order
             row = [(head[j], float(s[j])) for j in order[:k]]
             if len(row) < k and tail:

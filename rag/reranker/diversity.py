@@ -12,7 +12,7 @@ class DiversityReranker(Reranker):
             raise RagError(f"reranker.top_n must be positive, got {top_n}")
         self.top_n = int(top_n)
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int) -> Hits:
+    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
         rows = []
         for q in range(hits.n_queries):
             per_doc: dict[str, list[int]] = {}

@@ -102,7 +102,7 @@ class LLMReranker(CausalLM, Reranker):
         log.info("rerank: scored %d pairs in %.1f s", len(pairs), time.perf_counter() - t0)
         return scores
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int) -> Hits:
+    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
         # (query row, original rank, chunk row) of every candidate to score, for one batched pass
         cands: list[tuple[int, int, int]] = []
         for q in range(hits.n_queries):

@@ -39,7 +39,7 @@ class MMRReranker(Reranker):
             return np.asarray(self._vectors[rows], np.float32)
         return self.embedder.encode([chunks[r].text for r in rows], show_progress=False)
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int) -> Hits:
+    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
         q_vecs = self.embedder.encode_queries(queries)
         out = []
         for q in range(hits.n_queries):

@@ -21,6 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--epochs", type=int, help="epochs (reranker.train.epochs)")
     ap.add_argument("--seed", type=int, help="seed (reranker.train.seed)")
     ap.add_argument("--device", help="cpu, cuda or cuda:N (reranker.train.device)")
+    ap.add_argument("--reference", action="store_true",
+                    help="when training: also rank the validation queries with the base model as a bi-encoder")
     ap.add_argument("--data-only", action="store_true", help="print training data statistics and examples; no training")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +version=v3 reranker.train.lr=1e-4")
     return ap
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(asdict(g), indent=2, ensure_ascii=False))
             return 0
         t0 = time.perf_counter()
-        art = build_trained_model(train, cache, progress=lambda m: logging.getLogger(__name__).info("%s", m))
+        art = build_trained_model(train, cache, progress=lambda m: logging.getLogger(__name__).info("%s", m),
+                                  reference=args.reference)
     except RagError as e:
         print(f"ragrig: error: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from rag.models import resolve_model
 from rag.reranker.training.examples import Group, Pair
@@ -33,8 +34,10 @@ def set_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
-def load_base_model(base_model: str, max_length: int, seed: int, device: str = "cpu") -> Any:
-    """The base model as a CrossEncoder with a fresh one-logit head (seeded)."""
+def load_base_model(base_model: str, max_length: int, seed: int, device: str = "cpu",
+                    layers: int | None = None) -> Any:
+    """The base model as a CrossEncoder with a fresh one-logit head (seeded), cut to its first
+    `layers` transformer layers when given (the saved config says so, so it loads as it trained)."""
     import torch
     from sentence_transformers import CrossEncoder
 
@@ -42,9 +45,22 @@ def load_base_model(base_model: str, max_length: int, seed: int, device: str = "
     torch.manual_seed(seed)
     logging.getLogger("transformers").setLevel(logging.ERROR)  # the "newly initialized head" report
     try:
-        return CrossEncoder(path, num_labels=1, max_length=max_length, device=device)
+        model = CrossEncoder(path, num_labels=1, max_length=max_length, device=device)
     except OSError as e:
         raise RagError(f"reranker base model {base_model!r} could not be loaded: {str(e).splitlines()[0]}") from e
+    if layers is not None:
+        truncate(model, layers, base_model)
+    return model
+
+
+def truncate(model: Any, layers: int, name: str) -> None:
+    hf = model.model
+    encoder = getattr(hf, hf.base_model_prefix, hf).encoder
+    have = len(encoder.layer)
+    if not 1 <= layers <= have:
+        raise RagError(f"reranker.train.layers must be between 1 and {have} (the layers of {name}), got {layers}")
+    encoder.layer = encoder.layer[:layers]
+    hf.config.num_hidden_layers = layers
 
 
 def freeze(model: Any, embeddings: bool, n_layers: int) -> None:
@@ -148,6 +164,9 @@ def fit(model: Any, groups: Sequence[Group], s: Mapping[str, Any],
     t0 = time.perf_counter()
     step, losses, epoch_loss = 0, [], []
     trainable = [p for g in opt.param_groups for p in g["params"]]
+    # a run that trains the model on first use shows a bar (its log lines go to the log file)
+    bar = tqdm(total=total, desc="training the cross-encoder reranker (once, then cached)", unit="step",
+               disable=progress is not None, leave=False)
     for epoch, epoch_batches in enumerate(epochs):
         run = []
         for batch in epoch_batches:
@@ -159,12 +178,14 @@ def fit(model: Any, groups: Sequence[Group], s: Mapping[str, Any],
             opt.zero_grad(set_to_none=True)
             run.append(loss.item())
             step += 1
+            bar.update()
             if progress and (step % 25 == 0 or step == total):
                 el = time.perf_counter() - t0
                 progress(f"step {step}/{total} epoch {epoch + 1} loss {np.mean(run[-25:]):.4f} "
                          f"{el:.0f}s elapsed, ~{el / step * (total - step):.0f}s left")
         losses += run
         epoch_loss.append(round(float(np.mean(run)), 4) if run else None)
+    bar.close()
     return {
         "steps": step,
         "bf16": bf16,
