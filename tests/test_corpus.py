@@ -552,3 +552,17 @@ def test_pytorch_signatures_carry_no_memory_address():
 
     sig = _signature(f)
     assert " at 0x" not in sig and "<function test_pytorch_signatures_carry_no_memory_address.<locals>.<lambda>>" in sig
+
+
+def test_pytorch_docstrings_carry_no_memory_address():
+    """pybind11 writes a default's repr, address and all, into the docstring of an overload."""
+    import torch.distributed as dist
+
+    from rag.corpus.pytorch import _doc
+
+    class Bound:
+        """allreduce(self, opts: Options = <Options object at 0x7f1ba8ad8cb0>) -> Work"""
+
+    assert _doc(Bound) == "allreduce(self, opts: Options = <Options object>) -> Work"
+    if dist.is_available():
+        assert " at 0x" not in _doc(dist.ProcessGroup.allreduce)

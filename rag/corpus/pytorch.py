@@ -145,17 +145,19 @@ def _safe_getattr(obj: Any, name: str) -> Any:
         return None
 
 
+# A default value's repr may hold its memory address ("<function noop_context_fn at 0x7f27...>"),
+# which differs in every process: the corpus text, its chunks and their scores must not. pybind11
+# writes such reprs into docstrings too (ProcessGroup.allreduce's "opts: AllreduceOptions =
+# <... AllreduceOptions object at 0x7f1b...>").
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
+
+
 def _doc(obj: Any) -> str:
     try:
         doc = obj.__doc__
     except Exception:
         return ""
-    return inspect.cleandoc(doc) if isinstance(doc, str) else ""
-
-
-# A default value's repr may hold its memory address ("<function noop_context_fn at 0x7f27...>"),
-# which differs in every process: the corpus text, its chunks and their scores must not.
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
+    return _ADDRESS.sub(">", inspect.cleandoc(doc)) if isinstance(doc, str) else ""
 
 
 def _signature(obj: Any) -> str:
@@ -225,7 +227,7 @@ class PyTorchCorpus(Corpus):
             "modules": self.modules,
             "docs_dir": str(self.docs_dir) if self.docs_dir else None,
             "include_docstrings": self.include_docstrings,
-            "render": 2,  # 2: memory addresses removed from signatures
+            "render": 3,  # 2: memory addresses removed from signatures; 3: and from docstrings
         }
 
     def inputs(self) -> Any:

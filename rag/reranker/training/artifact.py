@@ -104,7 +104,8 @@ def train_cross_encoder(inputs: TrainingInputs, out_dir: Path, progress: Callabl
     bf16 = s["precision"] == "bf16" and bf16_ok(s["device"])
     before = evaluate(model, data.val, bf16=bf16) if data.val else {}
     say(f"held-out before training: {before}")
-    stats = fit(model, data.train, s, say)
+    # a run that trains on first use shows a bar: its log lines go to the log file, not the terminal
+    stats = fit(model, data.train, s, say, bar=progress is None)
     after = evaluate(model, data.val, bf16=bf16) if data.val else {}
     say(f"held-out after training: {after}")
     base_path = resolve_model(s["base_model"], "reranker base").path

@@ -44,10 +44,17 @@ def load_base_model(base_model: str, max_length: int, seed: int, device: str = "
     path = resolve_model(base_model, "reranker base").path
     torch.manual_seed(seed)
     logging.getLogger("transformers").setLevel(logging.ERROR)  # the "newly initialized head" report
+    # sentence-transformers warns that it turns an embedding model into a cross-encoder: that is
+    # the point here, and a warning would reach the terminal of every run that trains
+    st_log = logging.getLogger("sentence_transformers.base.model")
+    level = st_log.level
+    st_log.setLevel(logging.ERROR)
     try:
         model = CrossEncoder(path, num_labels=1, max_length=max_length, device=device)
     except OSError as e:
         raise RagError(f"reranker base model {base_model!r} could not be loaded: {str(e).splitlines()[0]}") from e
+    finally:
+        st_log.setLevel(level)
     if layers is not None:
         truncate(model, layers, base_model)
     return model
@@ -139,8 +146,9 @@ def batch_loss(model: Any, batch: Batch, loss: str, device: str, bf16: bool) -> 
 
 
 def fit(model: Any, groups: Sequence[Group], s: Mapping[str, Any],
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Trains `model` in place on the groups; returns statistics."""
+        progress: Callable[[str], None] | None = None, bar: bool = False) -> dict[str, Any]:
+    """Trains `model` in place on the groups; returns statistics. `progress` gets a line every 25
+    steps; `bar` shows a progress bar too."""
     import torch
 
     seed, device = int(s["seed"]), str(s["device"])
@@ -164,9 +172,8 @@ def fit(model: Any, groups: Sequence[Group], s: Mapping[str, Any],
     t0 = time.perf_counter()
     step, losses, epoch_loss = 0, [], []
     trainable = [p for g in opt.param_groups for p in g["params"]]
-    # a run that trains the model on first use shows a bar (its log lines go to the log file)
-    bar = tqdm(total=total, desc="training the cross-encoder reranker (once, then cached)", unit="step",
-               disable=progress is not None, leave=False)
+    steps = tqdm(total=total, desc="training the cross-encoder reranker (once, then cached)", unit="step",
+                 disable=not bar, leave=False)
     for epoch, epoch_batches in enumerate(epochs):
         run = []
         for batch in epoch_batches:
@@ -178,14 +185,14 @@ def fit(model: Any, groups: Sequence[Group], s: Mapping[str, Any],
             opt.zero_grad(set_to_none=True)
             run.append(loss.item())
             step += 1
-            bar.update()
+            steps.update()
             if progress and (step % 25 == 0 or step == total):
                 el = time.perf_counter() - t0
                 progress(f"step {step}/{total} epoch {epoch + 1} loss {np.mean(run[-25:]):.4f} "
                          f"{el:.0f}s elapsed, ~{el / step * (total - step):.0f}s left")
         losses += run
         epoch_loss.append(round(float(np.mean(run)), 4) if run else None)
-    bar.close()
+    steps.close()
     return {
         "steps": step,
         "bf16": bf16,
