@@ -59,6 +59,24 @@ def fuse_scores(ce: np.ndarray, method: str, weight: float, k: int = 60) -> np.n
     return (weight * z - (1 - weight) * np.log(first)).astype(np.float32)
 
 
+def predict_logits(model: Any, pairs: list[tuple[str, str]], batch_size: int, bf16: bool = False) -> np.ndarray:
+    """A CrossEncoder's raw relevance logits for (query, passage) pairs, one per pair (no sigmoid:
+    it would saturate and tie the best candidates; a multi-label model's last logit is taken as
+    "relevant"), under bf16 autocast when `bf16`."""
+    if not pairs:
+        return np.zeros(0, np.float32)
+    import torch
+
+    device_type = "cuda" if str(getattr(model, "device", "cpu")).startswith("cuda") else "cpu"
+    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+        scores = model.predict(pairs, batch_size=batch_size, show_progress_bar=False,
+                               activation_fn=torch.nn.Identity(), convert_to_numpy=True)
+    scores = np.asarray(scores, np.float32)
+    if scores.ndim > 1:
+        scores = scores[:, -1]
+    return scores.reshape(-1)
+
+
 @functools.lru_cache(maxsize=4)
 def load_cross_encoder(path: str, max_length: int, device: str) -> Any:
     """One loaded model per (path, max_length, device) per process."""
@@ -116,6 +134,7 @@ class CrossEncoderReranker(UsesCache, Reranker):
         # what the recorded scores depend on besides the texts (made exact when the model loads)
         self._identity: dict[str, Any] = {"model": self.model_name, "max_length": self.max_length, "precision": precision}
         self._recording = True  # false once the cache refused a record (read-only)
+        self._bf16 = False  # bf16 autocast in effect: settled when the model loads (rag.reranker.training.fit.use_bf16)
         if self.model_name == TRAINED:
             from rag.reranker.training.settings import train_settings
 
@@ -142,16 +161,14 @@ class CrossEncoderReranker(UsesCache, Reranker):
 
                 local = Path(path)
                 self.label_passages = bool(local.is_dir() and reranker_info(local).get("label_passages", False))
+            from rag.reranker.training.fit import use_bf16
+
             self._model = load_cross_encoder(path, self.max_length, self.device)
+            self._bf16 = use_bf16(self.precision, self.device)
             self._identity = {"model": self.artifact.key if self.artifact is not None else path,
                               "files": model_fingerprint(path), "max_length": self.max_length,
-                              "precision": "bf16" if self._bf16() else "fp32"}
+                              "precision": "bf16" if self._bf16 else "fp32"}
         return self._model
-
-    def _bf16(self) -> bool:
-        from rag.reranker.training.fit import bf16_ok
-
-        return self.precision == "bf16" and bf16_ok(self.device)
 
     def passage(self, chunk: Chunk) -> str:
         if self.label_passages:
@@ -184,24 +201,11 @@ class CrossEncoderReranker(UsesCache, Reranker):
     # ---- scoring -------------------------------------------------------------------------------
 
     def score(self, pairs: list[tuple[str, str]]) -> np.ndarray:
-        """Raw relevance logits (no sigmoid: it would saturate and tie the best candidates)."""
+        """Raw relevance logits of the pairs (predict_logits)."""
         if not pairs:
             return np.zeros(0, np.float32)
-        import torch
-
-        with torch.autocast("cuda" if self.device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
-                            enabled=self._bf16()):
-            scores = self.model.predict(
-                pairs,
-                batch_size=self.batch_size,
-                show_progress_bar=False,
-                activation_fn=torch.nn.Identity(),
-                convert_to_numpy=True,
-            )
-        scores = np.asarray(scores, np.float32)
-        if scores.ndim > 1:  # a multi-label model: its last logit is taken as "relevant"
-            scores = scores[:, -1]
-        return scores.reshape(-1)
+        model = self.model  # loads first: that settles bf16
+        return predict_logits(model, pairs, self.batch_size, self._bf16)
 
     def scores_key(self, query: str, passages: list[str]) -> str:
         h = hashlib.sha256()

@@ -21,7 +21,7 @@ from rag.corpus.slicing import content_fingerprint
 from rag.models import resolve_model
 from rag.reranker.training.dataset import build_dataset
 from rag.reranker.training.evaluate import biencoder_reference, evaluate
-from rag.reranker.training.fit import bf16_ok, fit, load_base_model, set_threads
+from rag.reranker.training.fit import fit, load_base_model, set_threads, use_bf16
 from rag.reranker.training.labelled import question_set, questions_fingerprint
 from rag.reranker.training.settings import key_settings, train_settings
 from rag.types import Document, QAItem, RagError
@@ -101,7 +101,7 @@ def train_cross_encoder(inputs: TrainingInputs, out_dir: Path, progress: Callabl
     say(f"built {data.stats['train_pairs']} training pairs ({data.stats['train_by_kind']}), "
         f"{data.stats['val_queries']} validation queries in {data.stats['build_seconds']}s")
     model = load_base_model(s["base_model"], s["max_length"], s["seed"], s["device"], s["layers"])
-    bf16 = s["precision"] == "bf16" and bf16_ok(s["device"])
+    bf16 = use_bf16(s["precision"], s["device"])
     before = evaluate(model, data.val, bf16=bf16) if data.val else {}
     say(f"held-out before training: {before}")
     # a run that trains on first use shows a bar: its log lines go to the log file, not the terminal

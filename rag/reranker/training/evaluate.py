@@ -60,15 +60,9 @@ def group_metrics(groups: Sequence[Group], scores: np.ndarray) -> dict[str, Any]
 def score_pairs(model: Any, pairs: Sequence[Pair], batch_size: int = 64, bf16: bool = False) -> np.ndarray:
     """Raw logits of a CrossEncoder for (query, passage, label) pairs (under bf16 autocast when
     asked: the model trained that way, and it halves the time on CPUs that compute bf16)."""
-    import torch
+    from rag.reranker.cross_encoder import predict_logits
 
-    if not pairs:
-        return np.zeros(0, np.float32)
-    device_type = "cuda" if str(model.device).startswith("cuda") else "cpu"
-    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-        scores = model.predict([(q, p) for q, p, _ in pairs], batch_size=batch_size, show_progress_bar=False,
-                               activation_fn=torch.nn.Identity(), convert_to_numpy=True)
-    return np.asarray(scores, np.float32).reshape(-1)
+    return predict_logits(model, [(q, p) for q, p, _ in pairs], batch_size, bf16)
 
 
 def evaluate(model: Any, groups: Sequence[Group], batch_size: int = 64, bf16: bool = False) -> dict[str, Any]:

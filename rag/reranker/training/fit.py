@@ -93,6 +93,12 @@ def bf16_ok(device: str) -> bool:
         return False
 
 
+def use_bf16(precision: str, device: str) -> bool:
+    """Whether `precision` asks for bf16 autocast and the device computes it natively (training,
+    its validation and reranking decide alike)."""
+    return precision == "bf16" and bf16_ok(device)
+
+
 def batches(groups: Sequence[Group], batch_size: int, listwise: bool, rng: random.Random) -> list[Batch]:
     """One epoch of batches of about batch_size pairs."""
     units = [g.pairs() for g in groups] if listwise else [[pair] for g in groups for pair in g.pairs()]
@@ -155,7 +161,7 @@ def fit(model: Any, groups: Sequence[Group], s: Mapping[str, Any],
     torch.manual_seed(seed)
     rng = random.Random(seed + 1)
     freeze(model, bool(s["freeze_embeddings"]), int(s["freeze_layers"]))
-    bf16 = s["precision"] == "bf16" and bf16_ok(device)
+    bf16 = use_bf16(s["precision"], device)
     if s["precision"] == "bf16" and not bf16:
         log.warning("reranker training: %s has no native bf16; training in fp32", device)
     opt = optimizer(model, s)
