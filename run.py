@@ -28,6 +28,9 @@ from rag.config import register_resolvers
 
 register_resolvers()
 log = logging.getLogger("ragrig")
+# A log handler that cannot write (run.log on a full disk) must not print a traceback per record:
+# the run's own writes fail on the same disk and say so in one line.
+logging.raiseExceptions = False
 
 
 def _track(cfg: DictConfig, output_dir: str, result: dict | None = None, failure: dict | None = None) -> None:
@@ -76,6 +79,7 @@ def main(cfg: DictConfig) -> float:
     _task_started = True
     from rag import rundir
     from rag.output import format_table
+    from rag.cache import storage_fault
     from rag.pipeline import run
     from rag.types import RagError
 
@@ -86,6 +90,11 @@ def main(cfg: DictConfig) -> float:
     multirun = hc.mode == RunMode.MULTIRUN
     try:
         rundir.claim(output_dir, hc.sweep.dir if multirun else None, hc.job.num if multirun else None)
+    except OSError as e:
+        print(f"ragrig: error: {_storage_line(e)}", file=sys.stderr)
+        if multirun:
+            return float("nan")
+        sys.exit(2)
     except RagError as e:
         # Another live run owns the directory: write nothing into it, not even a failure record.
         print(f"ragrig: error: {e}", file=sys.stderr)
@@ -109,10 +118,11 @@ def main(cfg: DictConfig) -> float:
             print(f"ragrig: job {hc.job.num} failed: {failure['error_type']}: {failure['message']}", file=sys.stderr)
             _track(cfg, output_dir, failure=failure)
             return float("nan")
-        if isinstance(e, RagError):
+        if isinstance(e, RagError) or storage_fault(e) is not None:
             # A user error gets one line, not a traceback from deep inside a library.
-            log.error("error: %s", e)
-            print(f"ragrig: error: {e}", file=sys.stderr)
+            line = str(e) if isinstance(e, RagError) else _storage_line(e)
+            log.error("error: %s", line)
+            print(f"ragrig: error: {line}", file=sys.stderr)
             sys.exit(2)
         raise
     print(format_table(result))
@@ -121,6 +131,33 @@ def main(cfg: DictConfig) -> float:
     print(f"results: {output_dir}")
     _track(cfg, output_dir, result=result)
     return float(result["objective"]["value"])
+
+
+def _output_dir() -> str | None:
+    """The run (or sweep) directory, for errors raised while Hydra writes its own files into it:
+    Hydra has forgotten its config by the time the error reaches us, so the command line says."""
+    try:
+        return str(HydraConfig.get().runtime.output_dir)
+    except Exception:  # noqa: BLE001
+        pass
+    for arg in reversed(sys.argv[1:]):
+        key, _, value = arg.lstrip("+").partition("=")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value:
+            return value
+    return None
+
+
+def _storage_line(e: BaseException) -> str:
+    """One line for a full, read-only or forbidden output directory (the cache's own faults are
+    RagErrors naming paths.cache already)."""
+    from rag.cache import storage_fault
+
+    fault = storage_fault(e)
+    if fault is None:  # the path itself is wrong (a file where the directory should be)
+        where = getattr(e, "filename", None) or _output_dir() or "the output directory"
+        return f"{where}: {getattr(e, 'strerror', None) or e} (check hydra.run.dir / hydra.sweep.dir)"
+    where = fault.filename or _output_dir() or "the output directory"
+    return f"cannot write {where}: {fault.strerror} (the run's directory is hydra.run.dir, a sweep's hydra.sweep.dir)"
 
 
 def cli() -> int:
@@ -141,13 +178,17 @@ def cli() -> int:
     except Exception as e:
         from hydra.errors import ConfigCompositionException, OverrideParseException
 
+        from rag.cache import storage_fault
+
         hydra_error = isinstance(e, (ConfigCompositionException, OverrideParseException))
-        before_task = not _task_started and (is_config_error(e) or isinstance(e, OSError))
+        # Before the task, Hydra makes the run directory and opens run.log in it; a read-only or
+        # full disk surfaces as an OSError, or as logging's ValueError caused by one.
+        storage = None if is_config_error(e) else (e if isinstance(e, OSError) else storage_fault(e))
+        before_task = not _task_started and (is_config_error(e) or storage is not None)
         if user_full_error or not (hydra_error or before_task):
             raise
-        if isinstance(e, OSError) and not is_config_error(e):
-            print(f"ragrig: error: {e.filename or 'output directory'}: {e.strerror} (check hydra.run.dir / hydra.sweep.dir)",
-                  file=sys.stderr)
+        if storage is not None:
+            print(f"ragrig: error: {_storage_line(storage)}", file=sys.stderr)
         else:
             print(f"ragrig: error: {config_error_line(e)}", file=sys.stderr)
         return 2

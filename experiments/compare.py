@@ -22,6 +22,7 @@ from pathlib import Path
 from experiments.aggregate import load_records
 from experiments.report import ReportSettings, build_report
 from rag.schema import CHART_FORMATS
+from rag.rundir import remove_report
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "outputs" / "compare"
 
@@ -138,8 +139,12 @@ def compare(args: argparse.Namespace) -> int:
     source = "Runs: " + ", ".join(f"`{p}`" for p in args.runs)
     try:
         rep = build_report(records, tmp, settings, source=source)
-        files = [out / Path(f).relative_to(tmp) for f in rep.files]
+        stale = remove_report(out)  # a reused --out: no chart or page of an earlier comparison stays
+        if stale:
+            logging.getLogger("experiments.compare").warning(
+                "%s held an earlier comparison (%s); it was replaced", out, ", ".join(stale))
         publish(tmp, out)
+        rep = rep.moved_to(out)
     except BaseException:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
@@ -148,7 +153,7 @@ def compare(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     n_failed = int((rep.frame["status"] != "ok").sum())
     print(f"{len(rep.frame)} runs ({n_failed} failed), baseline {rep.baseline}")
-    for f in files:
+    for f in rep.files:
         print(f"  {f}")
     print(rep.terminal())
     return 0

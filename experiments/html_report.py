@@ -21,7 +21,6 @@ import html
 import json
 import logging
 import math
-import os
 import re
 import tempfile
 import time
@@ -454,9 +453,6 @@ def write_html(rep: Report, records: list[RunRecord], path: Path) -> Path:
 
     path = Path(path)
     atomic_write_text(path, render_html(rep, records))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)  # a page to share: readable like any file the user creates
     return path
 
 
@@ -476,6 +472,13 @@ def write_run_report(run_dir: Path, max_context_chars: int = 1200) -> Path | Non
                                   max_context_chars=max_context_chars)
         rep = analyze(records, run_dir, settings, source=f"Run directory: `{run_dir}`")
         return write_html(rep, records, run_dir / "report.html")
-    except Exception:
-        log.exception("report.html for %s failed; the run's results are unaffected", run_dir)
+    except Exception as e:
+        from rag.cache import storage_fault
+
+        fault = storage_fault(e)
+        if fault is not None:  # a full or read-only disk is no bug: one line, no traceback
+            log.warning("report.html for %s not written (%s: %s); the run's results are unaffected",
+                        run_dir, fault.strerror, fault.filename or run_dir)
+        else:
+            log.exception("report.html for %s failed; the run's results are unaffected", run_dir)
         return None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,17 @@ class Report:
     html: Path | None = None
     settings: ReportSettings = field(default_factory=ReportSettings)
     source: str = ""
+
+    def moved_to(self, out_dir: Path) -> "Report":
+        """This report after its files moved from the directory it was built in (a staging
+        directory) to `out_dir`, so that every path it prints or lists is the final one."""
+        old, new = self.out_dir, Path(out_dir)
+
+        def move(p: Path) -> Path:
+            return new / Path(p).relative_to(old)
+
+        return replace(self, out_dir=new, charts=[move(p) for p in self.charts],
+                       html=move(self.html) if self.html else None)
 
     @property
     def files(self) -> list[Path]:

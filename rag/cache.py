@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rag.types import RagError
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
@@ -61,20 +63,58 @@ def file_sha256(path: Path, bufsize: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def process_umask() -> int:
+    """The process's umask, read without changing it (os.umask can only be read by setting it,
+    which would race with other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_mode(directory: bool = False) -> int:
+    """The mode `open()` or `mkdir()` would give a new file or directory under the process umask.
+    tempfile's mkstemp/mkdtemp create 0600/0700 whatever the umask; what they stage is published
+    with this mode, so results on a shared folder are as readable as any file the user creates."""
+    return (0o777 if directory else 0o666) & ~process_umask()
+
+
+def _follow_umask(root: Path) -> None:
+    """Libraries that write into a cache build choose their own modes (safetensors writes 0600);
+    everything published in the cache gets the umask's modes like any file the user creates."""
+    files, dirs = umask_mode(), umask_mode(directory=True)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), dirs)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, files)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a result file so that a reader sees either the old file or the complete new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     try:
+        os.fchmod(fd, umask_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a failed write() names no file: name it
+            raise OSError(e.errno, e.strerror, str(path)) from None
         raise
 
 
@@ -93,6 +133,23 @@ class Artifact:
 # Errors of the cache's storage itself (not of a builder's inputs): reported as one line naming
 # the cache directory.
 _STORAGE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST}
+# Of those, the ones that say the disk, not the path, is at fault: a full or read-only filesystem.
+FULL_OR_READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+
+
+def storage_fault(e: BaseException | None, errnos: set[int] = FULL_OR_READ_ONLY) -> OSError | None:
+    """The storage error behind `e` (itself or one of its causes), or None. Libraries that write
+    files in C (faiss, safetensors) raise RuntimeError and keep only strerror's text, so a full
+    disk is also recognised by that text."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in errnos:
+            return e
+        if errno.ENOSPC in errnos and os.strerror(errno.ENOSPC) in str(e):
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 class MemoryTier:
@@ -212,13 +269,15 @@ class ArtifactCache:
             return found
         try:
             return self._build(kind, key, build, inputs)
-        except OSError as e:
-            if e.errno not in _STORAGE_ERRNOS or not str(e.filename or "").startswith(str(self.root)):
+        except Exception as e:
+            # A build writes only into its staging directory under the root, so a storage error
+            # that names no file (a failed write(), a library's RuntimeError) is the cache's too.
+            fault = None if isinstance(e, RagError) else storage_fault(e, _STORAGE_ERRNOS)
+            if fault is None or (fault.filename and not str(fault.filename).startswith(str(self.root))):
                 raise
-            from rag.types import RagError
-
+            where = f": {fault.filename}" if fault.filename else ""
             raise RagError(
-                f"artifact cache {self.root}: cannot write the {kind} artifact ({e.strerror}: {e.filename}); "
+                f"artifact cache {self.root}: cannot write the {kind} artifact ({fault.strerror}{where}); "
                 "paths.cache (or RAGRIG_CACHE) must be a writable directory with free space"
             ) from None
 
@@ -236,9 +295,11 @@ class ArtifactCache:
             self._remove_stale_tmp(final.parent)
             tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f"tmp-{os.getpid()}-"))
             try:
+                os.chmod(tmp, umask_mode(directory=True))
                 t0 = time.perf_counter()
                 extra = dict(build(tmp) or {})
                 _test_pause(kind)
+                _follow_umask(tmp)
                 files = {
                     p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
                     for p in sorted(tmp.iterdir())

@@ -35,6 +35,9 @@ def register_resolvers() -> None:
 def config_error_line(e: BaseException) -> str:
     """Hydra's and OmegaConf's composition errors as one line: the problem, the bad override and,
     for an unknown config-group option, the options there are (no search path, no doc links)."""
+    unknown = _unknown_key_line(e)
+    if unknown:
+        return unknown
     lines = [ln.strip() for ln in str(e).splitlines()]
     text: list[str] = []
     options: list[str] = []
@@ -68,6 +71,35 @@ def config_error_line(e: BaseException) -> str:
     if isinstance(e, OverrideParseException):
         msg += " (quote a value holding any of ()[]{},='\";#&~ for Hydra, e.g. 'corpus.path=\"my docs (v2).jsonl\"')"
     return msg
+
+
+def near_names(name: str, known: list[str]) -> str:
+    """ " (did you mean x?)" for a misspelt name among `known`, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def _unknown_key_line(e: BaseException) -> str | None:
+    """An override of a key the config does not have (a misspelling, usually): which node lacks it,
+    the nearest keys it has, all of them, and how to add a new key on purpose."""
+    cause = e.__cause__
+    if "not in struct" not in str(cause or "") or not getattr(cause, "full_key", None):
+        return None
+    full_key, key = str(cause.full_key), str(getattr(cause, "key", ""))
+    node = getattr(cause, "parent_node", None)
+    try:
+        keys = [str(k) for k in node.keys() if not str(k).startswith("_")] if node is not None else []
+    except Exception:  # noqa: BLE001 - a node that cannot list its keys: say less
+        keys = []
+    parent = full_key.rpartition(".")[0]
+    where = f"'{parent}'" if parent else "the config"
+    value = str(getattr(e, "override", "") or "").partition("=")[2] or "..."
+    line = f"Could not override '{full_key}': {where} has no key '{key}'{near_names(key, keys)}"
+    if keys:
+        line += f"; its keys: {', '.join(keys)}"
+    return line + f". To add a new key use +{full_key}={value}"
 
 
 def is_config_error(e: BaseException) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rag.corpus.base import as_path, concatenate_parts, file_fingerprint, jsonl_records, string_field
+from rag.corpus.base import as_path, concatenate_parts, file_fingerprint, jsonl_records, text_field
 from rag.corpus.beir import BeirQuestions
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
 from rag.corpus.pubmedqa import document_text, load_pubmedqa, pmid_id
@@ -197,7 +197,7 @@ def parse_relevant(value: Any, where: str) -> tuple[Relevance, ...]:
         unknown = sorted(set(obj) - {"doc", "grade", "span"})
         if unknown:
             raise RagError(f"{at}: unknown field(s) {unknown}; expected 'doc', 'grade', 'span'")
-        doc = string_field(obj, "doc", at)
+        doc = text_field(obj, "doc", at, is_id=True)
         grade = obj.get("grade", 1)
         if isinstance(grade, bool) or not isinstance(grade, int) or grade < 0:
             raise RagError(f"{at}: 'grade' must be a non-negative integer, got {grade!r}")
@@ -233,11 +233,11 @@ class JsonlQuestions(QuestionSet):
             items.append(
                 QAItem(
                     id=qid,
-                    question=string_field(obj, "question", where),
+                    question=text_field(obj, "question", where),
                     # Labelled questions may leave the answer out: only the similarity metrics need it.
-                    answer=string_field(obj, "answer", where, required=not relevant),
-                    source=string_field(obj, "source", where, required=False),
-                    corpus=string_field(obj, "corpus", where, required=False),
+                    answer=text_field(obj, "answer", where, required=not relevant),
+                    source=text_field(obj, "source", where, required=False, is_id=True),
+                    corpus=text_field(obj, "corpus", where, required=False),
                     relevant=relevant,
                 )
             )

@@ -33,8 +33,16 @@ log = logging.getLogger(__name__)
 RUN_MARKER = ".ragrig_run.json"
 SWEEP_STAMP = ".ragrig_sweep.json"
 LOCK_FILE = ".ragrig.lock"
-# What a run writes into its directory; an earlier run's copies are removed when a run claims it.
-RESULT_FILES = ("metrics.json", "per_question.jsonl", "config_resolved.yaml", "failure.json")
+# Everything a run writes into its directory besides Hydra's own (.hydra/, the log) and the marker
+# and lock: an earlier run's copies are removed when a run claims the directory, so that a rerun
+# that fails leaves nothing a reader (compare, a TREC tool, a person) could take for its results.
+# tests/test_rundir.py checks that a real run writes nothing that is not listed here.
+RESULT_FILES = ("metrics.json", "per_question.jsonl", "config_resolved.yaml", "failure.json",
+                "run.trec", "qrels.trec", "report.html", "dry_run.json")
+# What a comparison report (a sweep's or experiments.compare's) writes, besides charts/.
+REPORT_FILES = ("summary.csv", "summary.md", "comparison.csv", "report.html")
+# Temporary names of atomic writes (rag.cache.atomic_write_text) that a killed run left behind.
+STAGED_GLOB = ".*.tmp-*"
 
 _held: dict[Path, IO[str]] = {}  # the locks of the directories this process has claimed (held until exit)
 
@@ -60,6 +68,9 @@ def claim(output_dir: str | Path, sweep_dir: str | Path | None = None, job: int 
         stale = [f for f in RESULT_FILES if (out / f).exists()]
         for f in stale:
             (out / f).unlink(missing_ok=True)
+        for p in out.glob(STAGED_GLOB):
+            if p.is_file():
+                p.unlink(missing_ok=True)
         _truncate_logs(out)
         if stale:
             log.warning("%s held the results of an earlier run (%s); they were removed", out, ", ".join(stale))
@@ -97,14 +108,24 @@ def write_sweep_stamp(sweep_dir: str | Path) -> dict[str, Any]:
     if earlier:
         # The earlier sweep's report describes jobs this sweep overwrites: it goes now, so that no
         # stale table or chart sits beside the new one.
-        for p in [*d.glob("summary.*"), *d.glob("comparison.*"), *d.glob("report.html")]:
-            if p.is_file():
-                p.unlink()
-        shutil.rmtree(d / "charts", ignore_errors=True)
+        remove_report(d)
         log.warning("sweep directory %s was used by an earlier sweep: its report was removed, and its job "
                     "directories are left out of this sweep's summary (overwritten where numbers repeat)", d)
     atomic_write_text(d / SWEEP_STAMP, json.dumps(stamp, indent=2))
     return stamp
+
+
+def remove_report(d: Path) -> list[str]:
+    """Removes a comparison report (experiments.report: REPORT_FILES and charts/) from `d`, so that
+    a new report written there has no stale table or chart of an earlier one beside it; returns
+    what it removed."""
+    gone = [p.name for p in (d / name for name in REPORT_FILES) if p.is_file()]
+    for name in gone:
+        (d / name).unlink(missing_ok=True)
+    if (d / "charts").is_dir():
+        shutil.rmtree(d / "charts", ignore_errors=True)
+        gone.append("charts/")
+    return gone
 
 
 def read_sweep_stamp(sweep_dir: str | Path) -> dict[str, Any] | None:

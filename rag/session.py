@@ -47,7 +47,41 @@ def create(node: Any, **kwargs: Any) -> Any:
             cause = cause.__cause__
         if cause is not None:
             raise cause from None
+        unknown = _unknown_setting(e, node)
+        if unknown:
+            raise RagError(unknown) from None
         raise
+
+
+def _unknown_setting(e: InstantiationException, node: Any) -> str | None:
+    """A key added to a component's node (`+chunker.chunk_sise=3`) that its class does not take:
+    one line naming the key, the class and the settings it has, instead of Hydra's TypeError."""
+    import inspect
+    import re
+
+    from hydra.utils import get_method
+
+    m = re.search(r"unexpected keyword argument '([^']+)'", str(e.__cause__ or ""))
+    full = re.search(r"full_key: (\S+)", str(e))
+    if m is None or not isinstance(node, DictConfig):
+        return None
+    key = m.group(1)
+    prefix = f"{full.group(1)}." if full else ""
+    # The node Hydra failed in may be nested (retriever.embedder): find it under the one we built.
+    parts = full.group(1).split(".") if full else []
+    nested = (OmegaConf.select(node, ".".join(parts[i:])) for i in range(len(parts)))
+    failed = next((n for n in nested if isinstance(n, DictConfig) and "_target_" in n), node)
+    target = failed.get("_target_")
+    if not target:
+        return None
+    try:
+        params = [p for p in inspect.signature(get_method(target)).parameters if p not in ("self", "args", "kwargs")]
+    except Exception:  # noqa: BLE001 - no signature to show: name the key alone
+        params = []
+    from rag.config import near_names
+
+    known = f"; its settings: {', '.join(params)}" if params else ""
+    return f"{prefix}{key} is not a setting of {target.rpartition('.')[2]}{near_names(key, params)}{known}"
 
 
 def container(node: Any) -> Any:

@@ -112,6 +112,18 @@ def _cache_is_a_file(files: dict, tmp: Path) -> list[str]:
     return [f"paths.cache={tmp / 'cache-file'}"]
 
 
+def _qa_field(**fields) -> Callable[[Path], Path]:
+    """The tiny question set with fields of its first question replaced."""
+    return lambda t: _qa_with(t, [{**qa_rows()[0], **fields}] + qa_rows()[1:])
+
+
+def _a_directory(name: str) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        (tmp / name).mkdir()
+        return tmp / name
+    return make
+
+
 def _json_array(tmp: Path) -> Path:
     (tmp / "c.json").write_text(json.dumps(docs_rows(), indent=2))
     return tmp / "c.json"
@@ -216,6 +228,23 @@ CASES = [
     Case("lone surrogate in a question", qa_file(lambda t: write_lines(t / "q.jsonl", [json.dumps(r) for r in qa_rows()[:-1]] + [
         '{"id": "q9", "question": "why \\udfff?", "answer": "a", "corpus": "libc"}'])),
          "q.jsonl:6: field 'question' contains a lone surrogate \\udfff"),
+    # ---- issue 25 #1: every text-valued field by one rule, one message shape ---------------
+    Case("question a number (#25)", qa_file(_qa_field(question=42)), "q.jsonl:1: field 'question' must be a string, got a number (42)"),
+    Case("answer an object (#25)", qa_file(_qa_field(answer={"text": "x"})), "q.jsonl:1: field 'answer' must be a string, got an object ({\"text\": \"x\"})"),
+    Case("corpus tag a list (#25)", qa_file(_qa_field(corpus=["libc"])), "q.jsonl:1: field 'corpus' must be a string, got an array ([\"libc\"])"),
+    Case("question source a boolean (#25)", qa_file(_qa_field(source=True)), "q.jsonl:1: field 'source' must be a string or an integer, got a boolean (true)"),
+    Case("question id a fraction (#25)", qa_file(_qa_field(id=1.5)), "q.jsonl:1: field 'id' must be a string or an integer, got a number (1.5)"),
+    Case("label document a list (#25)", qa_file(_qa_field(relevant=[{"doc": ["man:pipe.2"]}])),
+         "q.jsonl:1: relevant[0]: field 'doc' must be a string or an integer, got an array ([\"man:pipe.2\"])"),
+    Case("document text a number (#25)", corpus_file(lambda t: _with_doc(t, id="n", text=42)), "c.jsonl:10: field 'text' must be a string, got a number (42)"),
+    Case("document source a number (#25)", corpus_file(lambda t: write_jsonl(t / "c.jsonl", [{**docs_rows()[0], "source": 7}] + docs_rows()[1:])),
+         "c.jsonl:1: field 'source' must be a string, got a number (7)"),
+    Case("document id null (#25)", corpus_file(lambda t: _with_doc(t, id=None, text="no id")), "c.jsonl:10: missing or empty field 'id'"),
+    # ---- issue 25: input shapes --------------------------------------------------------------
+    Case("corpus path a directory (#25)", corpus_file(_a_directory("corpus-dir")), "corpus-dir: is a directory, expected a file"),
+    Case("question path a directory (#25)", qa_file(_a_directory("qa-dir")), "qa-dir: is a directory, expected a file"),
+    Case("a setting the component does not take (#25)", overrides("+chunker.chunk_sise=64"),
+         "chunker.chunk_sise is not a setting of SlidingWindowChunker (did you mean chunk_size or chunk_overlap?)"),
 ]
 
 
@@ -237,9 +266,10 @@ def test_bad_input_is_one_clear_line_and_leaves_no_results(case, tiny_files, com
 
 
 def test_the_table_keeps_its_cases():
-    # 33 before issue 14, 11 for its defects and at least 15 found by probing since (plus the
-    # command-line cases in tests/test_cli_errors.py)
-    assert len(CASES) >= 33 + 11 + 15
+    # 33 before issue 14, 11 for its defects and at least 15 found by probing since, 12 for issue
+    # 25 (plus the command-line cases in tests/test_cli_errors.py and the faults in
+    # tests/test_endpoint_faults.py and tests/test_storage_faults.py)
+    assert len(CASES) >= 33 + 11 + 15 + 12
 
 
 def test_embedder_dimension_differs_from_an_index():
@@ -271,3 +301,59 @@ def test_four_bit_llm_without_cuda_fails_at_start_up(tiny_files, compose_cfg, tm
         run(cfg, tmp_path / "out")
     assert "\n" not in str(err.value)
     assert not (tiny_files["cache"] / "vectors").exists(), "it failed before any expensive stage"
+
+
+# ---- issue 25: shapes and sizes that are valid input must simply work ----------------------------
+
+def _metrics(out: Path) -> dict:
+    return {m: v["mean"] for m, v in json.loads((out / "metrics.json").read_text())["metrics"].items()}
+
+
+def test_crlf_line_endings_and_trailing_blank_lines_read_like_plain_json_lines(tiny_files, compose_cfg, tmp_path):
+    crlf = tmp_path / "crlf"
+    crlf.mkdir()
+    for name in ("corpus", "qa"):
+        data = tiny_files[name].read_bytes().replace(b"\n", b"\r\n") + b"\r\n\r\n   \n\n"
+        (crlf / tiny_files[name].name).write_bytes(data)
+    plain = run(compose_cfg(tiny_overrides(tiny_files)), tmp_path / "plain")
+    files = {**tiny_files, "corpus": crlf / tiny_files["corpus"].name, "qa": crlf / tiny_files["qa"].name}
+    windows = run(compose_cfg(tiny_overrides(files)), tmp_path / "windows")
+    assert windows["counts"] == plain["counts"]
+    assert _metrics(tmp_path / "windows") == _metrics(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("index", [
+    ["index=ivf", "index.nlist=4096", "index.nprobe=8"],  # more cells than vectors: as many as the data supports
+    ["index=hnsw", "index.M=512"],                        # more neighbours per node than nodes
+])
+def test_index_settings_larger_than_the_data_still_search_every_chunk(index, tiny_files, compose_cfg, tmp_path):
+    exact = run(compose_cfg(tiny_overrides(tiny_files)), tmp_path / "exact")
+    approx = run(compose_cfg(tiny_overrides(tiny_files) + index), tmp_path / "approx")
+    assert approx["counts"]["chunks"] == exact["counts"]["chunks"] < 4096
+    # With so few vectors every approximate index degenerates to an exhaustive search.
+    assert _metrics(tmp_path / "approx")["recall_at_k"] == _metrics(tmp_path / "exact")["recall_at_k"]
+
+
+def test_five_thousand_one_line_documents(tiny_files, compose_cfg, tmp_path):
+    rows = docs_rows() + [{"id": f"line-{i}", "text": f"note {i}: a one-line document about item {i % 97}.",
+                           "source": "libc"} for i in range(5000)]
+    corpus = write_jsonl(tmp_path / "many.jsonl", rows)
+    result = run(compose_cfg(tiny_overrides({**tiny_files, "corpus": corpus})), tmp_path / "out")
+    assert result["counts"]["documents"] == len(rows)
+    assert result["counts"]["chunks"] >= len(rows)
+    assert (tmp_path / "out" / "per_question.jsonl").exists()
+
+
+def test_a_20_mb_document_within_max_doc_chars_is_read_and_chunked_whole(tmp_path):
+    from rag.chunker.sliding_window import SlidingWindowChunker
+    from rag.corpus.jsonl import JsonlCorpus
+
+    sentence = "The file descriptor is duplicated and both refer to the same open file description. "
+    text = sentence * (20_000_000 // len(sentence))
+    path = write_jsonl(tmp_path / "big.jsonl", docs_rows() + [{"id": "big", "text": text, "source": "libc"}])
+    docs = JsonlCorpus(path).load()
+    big = next(d for d in docs if d.id == "big")
+    assert len(big.text) == len(text) >= 19_900_000
+    chunks = SlidingWindowChunker(chunk_size=1000, chunk_overlap=100).split(big)
+    assert text.startswith(chunks[0].text) and text.rstrip().endswith(chunks[-1].text.strip()), "first to last character"
+    assert len(chunks) >= len(text) // 1000

@@ -49,6 +49,23 @@ def test_failed_build_leaves_nothing_behind(tmp_path):
     assert not [p for p in (tmp_path / "thing").iterdir() if not p.name.startswith(".")]
 
 
+def test_what_a_library_writes_privately_into_a_build_is_published_under_the_umask(tmp_path):
+    import os
+
+    from rag.cache import umask_mode
+
+    def private(tmp):  # safetensors, for one, writes its files 0600
+        (tmp / "model").mkdir(mode=0o700)
+        for path in (tmp / "weights.bin", tmp / "model" / "layer.bin"):
+            path.write_bytes(b"w")
+            os.chmod(path, 0o600)
+
+    art = ArtifactCache(tmp_path).get_or_build("thing", "k", private)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [art.path, *art.path.rglob("*")]}
+    want = {name: umask_mode(directory=name in ("k", "model")) for name in modes}
+    assert modes == want
+
+
 def test_truncated_payload_is_detected_and_rebuilt(tmp_path):
     cache, calls = ArtifactCache(tmp_path), []
     art = cache.get_or_build("thing", "k", _writer(calls))

@@ -40,7 +40,18 @@ def assert_one_line(done: subprocess.CompletedProcess, expect: str, status: int 
 # ---- run.py: Hydra's own errors (composing the config, creating the run directory) ------------
 
 @pytest.mark.parametrize("extra,expect", [
-    (["eval.kk=3"], "ragrig: error: Could not override 'eval.kk'. To append to your config use +eval.kk=3 (Key 'kk' is not in struct)"),
+    (["eval.kk=3"], "ragrig: error: Could not override 'eval.kk': 'eval' has no key 'kk' (did you mean k?); its keys: embedder, k,"),
+    # issue 25: a misspelt key names the node, the nearest keys and every key it has
+    (["chunker.chunk_sise=10"], "ragrig: error: Could not override 'chunker.chunk_sise': 'chunker' has no key 'chunk_sise' "
+                                "(did you mean chunk_size or chunk_overlap?); its keys: chunk_size, chunk_overlap. "
+                                "To add a new key use +chunker.chunk_sise="),
+    (["retriver=hybrid"], "ragrig: error: Could not override 'retriver': the config has no key 'retriver' (did you mean retriever"),
+    (["retriever.source_filter.mod=fixed"], "'retriever.source_filter' has no key 'mod' (did you mean mode?); its keys: mode, groups,"),
+    (["+chunker.chunk_sise=10"], "ragrig: error: chunker.chunk_sise is not a setting of SlidingWindowChunker (did you mean "
+                                 "chunk_size or chunk_overlap?); its settings: chunk_size, chunk_overlap"),
+    (["+embedder.batchsize=8"], "embedder.batchsize is not a setting of SentenceTransformerEmbedder (did you mean batch_size?)"),
+    (["+version=v5"], "ragrig: error: Could not find 'version/v5' (available: v1, v2, v3, v4)"),
+    (["retriever=hybird"], "ragrig: error: Could not find 'retriever/hybird' (available: bm25, dense, hybrid)"),
     (["eval.k=[1,"], "ragrig: error: override 'eval.k=[1,': no viable alternative at input '[1,' (quote a value"),
     (["sweep=nope"], "ragrig: error: Could not find 'sweep/nope' (available: alpha, chunk_alpha, demo, optuna, versions)"),
     (["+version=v9"], "ragrig: error: Could not find 'version/v9' (available: v1, v2, v3, v4)"),
@@ -73,7 +84,7 @@ def test_ask_keeps_a_question_with_equals_signs(tiny_files):
     (["--corpus", "other", "q?", "+version=v2", "retriever.source_filter.mode=question"],
      "ragrig ask: error: retriever.source_filter (mode=question): corpus tag 'other' (--corpus 'other') is in no group"),
     (["q?", "eval.k=2.5"], "ragrig ask: error: eval.k must be an integer, got 2.5"),
-    (["q?", "eval.kk=1"], "ragrig ask: error: Could not override 'eval.kk'"),
+    (["q?", "eval.kk=1"], "ragrig ask: error: Could not override 'eval.kk': 'eval' has no key 'kk' (did you mean k?)"),
 ])
 def test_ask_errors_are_one_line(extra, expect, tiny_files):
     done = command(["-m", "rag.ask", *extra, *tiny_overrides(tiny_files)])
@@ -95,6 +106,38 @@ def test_compare_rejects_bad_options_before_work(extra, expect, tmp_path):
     done = command(["-m", "experiments.compare", str(good_run(tmp_path / "r")), "--out", str(tmp_path / "cmp"), *extra])
     assert done.returncode == 2 and expect in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "cmp").exists()
+
+
+def printed_paths(stdout: str, root: Path) -> list[Path]:
+    """Every path under `root` that a command printed (a word of its output)."""
+    words = (w.strip("`'\",;()") for w in stdout.split())
+    return [Path(w) for w in words if w.startswith(str(root))]
+
+
+def test_every_path_compare_prints_exists_after_it_ends(tmp_path):
+    """Issue 25 #2: the closing summary:/charts:/report: lines named the staging directory that
+    had already been renamed into place."""
+    good_run(tmp_path / "runs" / "a")
+    write_run(tmp_path / "runs" / "b", variant="v2", values={"mrr": [0.2, 0.6, 0.8], "recall_at_k": [1, 1, 1]})
+    done = command(["-m", "experiments.compare", str(tmp_path / "runs"), "--out", str(tmp_path / "cmp")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    paths = printed_paths(done.stdout, tmp_path)
+    for label in ("summary:", "charts:", "report:"):
+        assert label in done.stdout
+    assert len(paths) >= 6 and all(p.exists() for p in paths), [str(p) for p in paths if not p.exists()]
+    assert not list(tmp_path.glob(".compare-*")), "the staging directory is gone"
+
+
+def test_a_comparison_into_a_reused_out_leaves_nothing_of_the_earlier_one(tmp_path):
+    good_run(tmp_path / "runs" / "a")
+    write_run(tmp_path / "runs" / "b", variant="v2", values={"mrr": [0.2, 0.6, 0.8], "recall_at_k": [1, 1, 1]})
+    first = command(["-m", "experiments.compare", str(tmp_path / "runs"), "--out", str(tmp_path / "cmp")])
+    assert first.returncode == 0 and (tmp_path / "cmp" / "charts").is_dir() and (tmp_path / "cmp" / "report.html").exists()
+    second = command(["-m", "experiments.compare", str(tmp_path / "runs" / "a"), "--out", str(tmp_path / "cmp"),
+                      "--no-charts", "--no-html"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == ["comparison.csv", "summary.csv", "summary.md"]
+    assert "held an earlier comparison" in second.stderr
 
 
 def test_compare_out_that_is_a_file_is_one_line(tmp_path):

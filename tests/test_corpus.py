@@ -14,6 +14,7 @@ import pytest
 
 from rag.config import data_dir
 from rag.corpus import (
+    BeirCorpus,
     JsonlCorpus,
     LibcManCorpus,
     MedlineCorpus,
@@ -108,7 +109,7 @@ def test_pubmedqa_errors(tmp_path):
 
     no_answer = tmp_path / "no_answer.json"
     no_answer.write_text(json.dumps({"7": {"QUESTION": "q?", "CONTEXTS": ["c"], "LONG_ANSWER": " "}}))
-    with pytest.raises(RagError, match=r"no_answer.json: record 7: missing or empty 'LONG_ANSWER'"):
+    with pytest.raises(RagError, match=r"no_answer.json: record 7: missing or empty field 'LONG_ANSWER'"):
         PubMedQACorpus(no_answer).load()
 
 
@@ -566,3 +567,64 @@ def test_pytorch_docstrings_carry_no_memory_address():
     assert _doc(Bound) == "allreduce(self, opts: Options = <Options object>) -> Work"
     if dist.is_available():
         assert " at 0x" not in _doc(dist.ProcessGroup.allreduce)
+
+
+# ---- issue 25: one rule for every text-valued field of every format ----------------------------
+
+def _beir(tmp: Path, corpus: list[dict], queries: list[dict] | None = None) -> Path:
+    (tmp / "qrels").mkdir(parents=True, exist_ok=True)
+    (tmp / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    (tmp / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in queries or [{"_id": "q", "text": "why?"}]))
+    (tmp / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq\td\t1\n")
+    return tmp
+
+
+def _pubmedqa(tmp: Path, **fields) -> Path:
+    rec = {"QUESTION": "Does it?", "CONTEXTS": ["A context."], "LONG_ANSWER": "It does.", **fields}
+    (tmp / "pqa.json").write_text(json.dumps({"7": rec}))
+    return tmp / "pqa.json"
+
+
+def _load_beir_queries(root: Path) -> None:
+    from rag.qa import BeirQuestions
+
+    BeirQuestions(root).load()
+
+
+TEXT_FIELD_CASES = [
+    ("BEIR title a number", lambda t: BeirCorpus(_beir(t, [{"_id": "d", "title": 3, "text": "x"}])).load(),
+     "corpus.jsonl:1: field 'title' must be a string, got a number (3)"),
+    ("BEIR text a list", lambda t: BeirCorpus(_beir(t, [{"_id": "d", "text": ["x"]}])).load(),
+     "corpus.jsonl:1: field 'text' must be a string, got an array ([\"x\"])"),
+    ("BEIR id an object", lambda t: BeirCorpus(_beir(t, [{"_id": {"n": 1}, "text": "x"}])).load(),
+     "corpus.jsonl:1: field '_id' must be a string or an integer, got an object ({\"n\": 1})"),
+    ("BEIR query a number", lambda t: _load_beir_queries(_beir(t, [{"_id": "d", "text": "x"}], [{"_id": "q", "text": 5}])),
+     "queries.jsonl:1: field 'text' must be a string, got a number (5)"),
+    ("PubMedQA question a number", lambda t: PubMedQACorpus(_pubmedqa(t, QUESTION=42)).load(),
+     "pqa.json: record 7: field 'QUESTION' must be a string, got a number (42)"),
+    ("PubMedQA context null", lambda t: PubMedQACorpus(_pubmedqa(t, CONTEXTS=["a", None])).load(),
+     "pqa.json: record 7: missing or empty field 'CONTEXTS[1]'"),
+    ("PubMedQA answer blank", lambda t: PubMedQACorpus(_pubmedqa(t, LONG_ANSWER="  ")).load(),
+     "pqa.json: record 7: missing or empty field 'LONG_ANSWER'"),
+    ("MEDLINE article without a PMID", lambda t: MedlineCorpus(paths=[_medline_file(t, ARTICLE.format(
+        pmid=" ", abstract="<Abstract><AbstractText>x</AbstractText></Abstract>"))]).load(),
+     "m.xml: article 1: missing or empty field 'PMID'"),
+]
+
+
+def _medline_file(tmp: Path, *articles: str) -> Path:
+    (tmp / "m.xml").write_text(medline_xml(*articles))
+    return tmp / "m.xml"
+
+
+@pytest.mark.parametrize("load,expect", [c[1:] for c in TEXT_FIELD_CASES], ids=[c[0] for c in TEXT_FIELD_CASES])
+def test_every_text_field_of_every_format_is_checked_by_one_rule(load, expect, tmp_path):
+    with pytest.raises(RagError) as e:
+        load(tmp_path)
+    assert expect in str(e.value)
+    one_line_error(e)
+
+
+def test_numeric_ids_are_accepted_as_their_decimal_text(tmp_path):
+    docs = BeirCorpus(_beir(tmp_path, [{"_id": 17, "text": "x"}])).load()
+    assert [d.id for d in docs] == ["17"]

@@ -5,6 +5,7 @@ endpoint on 127.0.0.1; tests/test_server.py runs the same paths against a real e
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,8 @@ def test_a_failed_run_resumes_with_the_missing_answers_only(tmp_path):
 
     with ScriptedEndpoint(flaky) as srv:
         gen = generator(srv.base_url, concurrency=1, max_retries=1)
-        with pytest.raises(RagError, match=r"failed after 2 attempts.*HTTP 503"):
+        with pytest.raises(RagError, match=r"failed after 2 attempts.*HTTP 503.*; 2 of 6 answers are recorded in the "
+                                           r"cache, and a rerun asks only for the other 4$"):
             Artifacts(cache, timer=timer).answers(gen, QUESTIONS, CONTEXTS)
         keys = answer_keys(gen.id, QUESTIONS, CONTEXTS)
         recorded = [cache.get_record(RECORD_KIND, k) for k in keys]
@@ -157,3 +159,32 @@ def test_a_bad_key_stops_the_run_in_one_line(tiny_files, compose_cfg, monkeypatc
             run(run_cfg(compose_cfg, tiny_files, srv, "llm.api_key_env=RAGRIG_TEST_API_KEY"), tiny_files["out"])
     assert "\n" not in str(e.value) and "$RAGRIG_TEST_API_KEY" in str(e.value) and "sk-wrong" not in str(e.value)
     assert not (tiny_files["out"] / "metrics.json").exists()
+
+
+# What an endpoint can do wrong, each run through the whole pipeline: one line naming the endpoint
+# and what it did, and no results. (A refused key, a wrong path and an unknown model are above
+# and in tests/test_chat_api.py.)
+ENDPOINT_FAULTS = {
+    "no server on the port": (None, 0.0, r"cannot connect to http://127\.0\.0\.1:9/v1 \(connection refused\) - is the server running\?"),
+    "HTTP 500 on every request": (lambda r, n: (500, {}, {"error": {"message": "CUDA out of memory"}}), 0.0,
+                                  r"failed after 3 attempts .*: HTTP 500: CUDA out of memory \(llm.model=m\)$"),
+    "a body that is not JSON": (lambda r, n: (200, {}, "<html>502 Bad Gateway</html>"), 0.0,
+                                r"an unreadable response body: <html>502 Bad Gateway</html>"),
+    "JSON without choices": (lambda r, n: (200, {}, {"id": "x", "object": "chat.completion"}), 0.0,
+                             r"an unreadable response body: \{\"id\": \"x\""),
+    "no answer within the timeout": (echo, 2.0, r"no response within 0.5 s \(llm.timeout_s\)"),
+}
+
+
+@pytest.mark.parametrize("fault", ENDPOINT_FAULTS, ids=list(ENDPOINT_FAULTS))
+def test_a_failing_endpoint_is_one_line_and_leaves_no_results(fault, tiny_files, compose_cfg):
+    chat, delay, expect = ENDPOINT_FAULTS[fault]
+    with ScriptedEndpoint(chat or echo, delay_s=delay) as srv:
+        url = "http://127.0.0.1:9/v1" if chat is None else srv.base_url
+        cfg = compose_cfg(tiny_overrides(tiny_files) + ["llm=openai", f"llm.base_url={url}", "llm.model=m",
+                                                        "llm.backoff_s=0.01", "llm.max_retries=2", "llm.timeout_s=0.5"])
+        with pytest.raises(RagError) as e:
+            run(cfg, tiny_files["out"])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("llm: ") and re.search(expect, msg), msg
+    assert not (tiny_files["out"] / "metrics.json").exists() and not (tiny_files["out"] / "per_question.jsonl").exists()

@@ -17,9 +17,9 @@ import pytest
 
 from rag.config import PROJECT_ROOT
 from rag.pipeline import run
-from rag.rundir import LOCK_FILE, RUN_MARKER, SWEEP_STAMP
+from rag.rundir import LOCK_FILE, RESULT_FILES, RUN_MARKER, SWEEP_STAMP
 from tests.conftest import TINY_DOCS, tiny_overrides
-from tests.test_cli_errors import ENV, assert_one_line, error_lines
+from tests.test_cli_errors import ENV, assert_one_line, error_lines, printed_paths
 
 RUN = str(PROJECT_ROOT / "run.py")
 
@@ -86,11 +86,44 @@ def test_a_failed_rerun_into_a_fixed_directory_leaves_no_stale_results(warm, tmp
     out = tmp_path / "fixed"
     shutil.copytree(warm["out"], out)  # an earlier run's complete results
     assert (out / "metrics.json").exists()
+    assert {"report.html", "run.trec", "qrels.trec"} <= {p.name for p in out.iterdir()}
+    (out / ".metrics.json.tmp-x1y2").write_text("{")  # a write the earlier run was killed in
     done = run_py([f"hydra.run.dir={out}", *tiny_overrides(warm), "eval.k=0"])
     assert_one_line(done, "ragrig: error: eval.k must be positive, got 0")
-    assert not any((out / f).exists() for f in ("metrics.json", "per_question.jsonl", "config_resolved.yaml"))
+    left = sorted(p.name for p in out.iterdir())
+    assert not set(left) & set(RESULT_FILES), f"an earlier run's results beside a failed run: {left}"
+    assert not [n for n in left if ".tmp-" in n]
     log = (out / "run.log").read_text()
     assert "stage score" not in log and "eval.k must be positive" in log, "the earlier run's log lines are gone"
+
+
+# What a run directory may hold besides RESULT_FILES: Hydra's config copy and log, the run's marker
+# and lock. Anything else would survive a failed rerun (rag.rundir.claim removes RESULT_FILES).
+NOT_RESULTS = {".hydra", "run.log", RUN_MARKER, LOCK_FILE}
+
+
+def test_every_file_a_run_writes_is_a_listed_result_file(warm):
+    written = {p.name for p in warm["out"].iterdir()}
+    assert written - NOT_RESULTS <= set(RESULT_FILES), written - NOT_RESULTS - set(RESULT_FILES)
+    assert {"metrics.json", "per_question.jsonl", "run.trec", "report.html"} <= written
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_result_files_and_cache_entries_follow_the_umask(warm, tmp_path, umask):
+    out = tmp_path / "shared-results"
+    cache = tmp_path / "cache"
+    done = finish(subprocess.Popen(
+        [sys.executable, RUN, f"hydra.run.dir={out}", *tiny_overrides({**warm, "cache": cache}), "eval.k=2"],
+        cwd=PROJECT_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: os.umask(umask)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = [p for p in out.iterdir() if p.name in RESULT_FILES] + [p for p in cache.rglob("*") if p.is_file()]
+    assert {"metrics.json", "per_question.jsonl", "config_resolved.yaml", "run.trec", "report.html"} <= {p.name for p in files}
+    modes = {str(p): oct(p.stat().st_mode & 0o777) for p in files if p.stat().st_mode & 0o777 != 0o666 & ~umask}
+    assert not modes, f"not {oct(0o666 & ~umask)} under umask {oct(umask)}: {modes}"
+    dirs = {str(p): oct(p.stat().st_mode & 0o777) for p in cache.rglob("*") if p.is_dir()
+            and p.stat().st_mode & 0o777 != 0o777 & ~umask}
+    assert not dirs, f"cache directories not {oct(0o777 & ~umask)}: {dirs}"
 
 
 def sweep(warm: dict[str, Path], sweep_dir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -103,6 +136,8 @@ def test_a_reused_sweep_dir_summarizes_only_the_new_sweep_and_all_failed_exits_1
     first = sweep(warm, d, "fusion.alpha=0.3,0.7")
     assert first.returncode == 0, first.stderr[-3000:]
     assert len(pd.read_csv(d / "summary.csv")) == 2 and (d / "charts").is_dir()
+    shown = printed_paths(first.stdout, d)
+    assert {"summary.md", "charts", "report.html"} <= {p.name for p in shown} and all(p.exists() for p in shown)
     stamp = json.loads((d / SWEEP_STAMP).read_text())["id"]
 
     # one job, into the same directory, failing: the sweep fails as a whole
@@ -184,3 +219,27 @@ def test_a_corpus_path_with_spaces_and_a_bom(tiny_files, compose_cfg, tmp_path):
     base = [o for o in tiny_overrides(tiny_files) if not o.startswith("corpus.path=")]
     result = run(compose_cfg([*base, f'corpus.path="{corpus}"']), tmp_path / "out")
     assert result["counts"]["documents"] == len(TINY_DOCS)
+
+
+def test_two_sweeps_and_an_ask_on_one_cold_cache_build_each_artifact_once_and_agree(warm, tmp_path):
+    """Two multiruns started together, overlapping in every artifact they need, and a `rag.ask` on
+    the same cache while they build: all succeed, the same configuration gives the same metrics
+    in both sweeps, each artifact has one entry and no staging directory is left."""
+    cache = tmp_path / "cold-cache"
+    overrides = [*tiny_overrides({**warm, "cache": cache}), "retriever=hybrid"]
+    sweeps = [start(["-m", *overrides, f"fusion.alpha={alphas}", f"hydra.sweep.dir={tmp_path / name}"])
+              for name, alphas in (("a", "0.3,0.7"), ("b", "0.7,0.3"))]
+    ask = subprocess.Popen([sys.executable, "-m", "rag.ask", "-q", "Why was fcntl64 added?", *overrides,
+                            "fusion.alpha=0.3"], cwd=PROJECT_ROOT, env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    for done in [finish(p) for p in sweeps] + [finish(ask)]:
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def metrics(job: Path) -> dict:
+        return json.loads((job / "metrics.json").read_text())["metrics"]
+
+    assert metrics(tmp_path / "a" / "0") == metrics(tmp_path / "b" / "1")  # alpha 0.3
+    assert metrics(tmp_path / "a" / "1") == metrics(tmp_path / "b" / "0")  # alpha 0.7
+    entries = sorted(m.parent.parent.name for m in cache.glob("*/*/manifest.json"))
+    assert entries == ["bm25", "chunks", "corpus", "index", "vectors"], entries  # alpha shares them all
+    assert not list(cache.rglob("tmp-*"))

@@ -171,8 +171,8 @@ def _is_json_array(data: bytes) -> bool:
 
 
 def _json_type(obj: Any) -> str:
-    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
-            type(None): "null"}.get(type(obj), type(obj).__name__)
+    return {list: "an array", dict: "an object", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(obj), type(obj).__name__)
 
 
 def check_encodable(obj: Any, where: str, field: str = "") -> None:
@@ -226,25 +226,38 @@ def jsonl_records(path: Path, id_field: str, what: str) -> Iterator[tuple[str, s
     first_line: dict[str, int] = {}
     for lineno, obj in iter_jsonl(path):
         where = f"{path}:{lineno}"
-        key = string_field(obj, id_field, where)
+        key = text_field(obj, id_field, where, is_id=True)
         claim_id(first_line, key, lineno, where, what)
         yield where, key, obj
 
 
-def string_field(obj: dict[str, Any], field: str, where: str, *, required: bool = True) -> str | None:
-    """obj[field] as a non-empty string; `where` is "file:line" for the error message. Numbers
-    are accepted (ids are often numeric) and converted."""
-    value = obj.get(field)
-    if value is None or value == "":
+def text_value(value: Any, field: str, where: str, *, required: bool = True, is_id: bool = False) -> str | None:
+    """The one rule for every text-valued field of every input format (documents, titles,
+    questions, answers, ids, sources, corpus tags, relevance labels; JSONL, BEIR, PubMedQA,
+    MEDLINE): the value must be a JSON string, non-blank when `required`; an id may also be an
+    integer (many datasets number their records), which becomes its decimal text. Anything else is
+    one line in one shape, "<where>: field '<field>' must be a string, got a number (42)", and a
+    missing or blank required value is "<where>: missing or empty field '<field>'". A blank
+    optional value is None."""
+    if isinstance(value, str):
+        if value.strip():
+            return value
+        value = None
+    if value is None:
         if required:
             raise RagError(f"{where}: missing or empty field '{field}'")
         return None
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise RagError(f"{where}: field '{field}' must be a string, got {type(value).__name__}")
-    value = str(value)
-    if required and not value.strip():
-        raise RagError(f"{where}: missing or empty field '{field}'")
-    return value
+    if is_id and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    shown = json.dumps(value, ensure_ascii=False, default=str)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    raise RagError(f"{where}: field '{field}' must be {'a string or an integer' if is_id else 'a string'}, "
+                   f"got {_json_type(value)} ({shown})")
+
+
+def text_field(obj: dict[str, Any], field: str, where: str, *, required: bool = True, is_id: bool = False) -> str | None:
+    """obj[field] under `text_value`'s rule; `where` is "file:line" for the message."""
+    return text_value(obj.get(field), field, where, required=required, is_id=is_id)
 
 
 # ---- document checks ---------------------------------------------------------------------------

@@ -14,17 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rag.corpus.base import Corpus, as_path, file_fingerprint, jsonl_records, read_text, string_field
+from rag.corpus.base import Corpus, as_path, file_fingerprint, jsonl_records, read_text, text_field
 from rag.types import Document, QAItem, RagError, Relevance
-
-
-def _optional_text(obj: dict[str, Any], field: str, where: str) -> str:
-    value = obj.get(field)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise RagError(f"{where}: field '{field}' must be a string, got {type(value).__name__}")
-    return value
 
 
 class BeirCorpus(Corpus):
@@ -51,8 +42,8 @@ class BeirCorpus(Corpus):
         self.skipped = []
         docs: list[Document] = []
         for where, doc_id, obj in jsonl_records(self.file, "_id", "document"):
-            title = _optional_text(obj, "title", where).strip()
-            body = _optional_text(obj, "text", where).strip()
+            title = (text_field(obj, "title", where, required=False) or "").strip()
+            body = (text_field(obj, "text", where, required=False) or "").strip()
             if not title and not body:
                 self.skipped.append(f"{where}: document {doc_id!r} has no title and no text")
                 continue
@@ -114,7 +105,7 @@ class BeirQuestions:
     def load(self) -> list[QAItem]:
         queries_file, qrels_file = self.files
         qrels = read_qrels(qrels_file)
-        texts = {qid: string_field(obj, "text", where)
+        texts = {qid: text_field(obj, "text", where)
                  for where, qid, obj in jsonl_records(queries_file, "_id", "query")}
         unknown = [q for q in qrels if q not in texts]
         if unknown:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rag.corpus.base import Corpus, as_path, claim_id, file_fingerprint, iter_jsonl, string_field
+from rag.corpus.base import Corpus, as_path, claim_id, file_fingerprint, iter_jsonl, text_field
 from rag.types import Document, RagError
 
 
@@ -46,14 +46,12 @@ class JsonlCorpus(Corpus):
         reserved = {self.id_field, self.text_field, self.source_field, "meta"}
         for lineno, obj in iter_jsonl(self.path):
             where = f"{self.path}:{lineno}"
-            doc_id = string_field(obj, self.id_field, where)
-            text = obj.get(self.text_field)
-            if text is not None and not isinstance(text, str):
-                raise RagError(f"{where}: field '{self.text_field}' must be a string, got {type(text).__name__}")
-            if not text or not text.strip():
+            doc_id = text_field(obj, self.id_field, where, is_id=True)
+            text = text_field(obj, self.text_field, where, required=False)
+            if text is None:
                 raise RagError(f"{where}: document {doc_id!r} has empty text (field '{self.text_field}')")
             claim_id(first_line, doc_id, lineno, where, "document")
-            source = string_field(obj, self.source_field, where, required=False) or self.default_source
+            source = text_field(obj, self.source_field, where, required=False) or self.default_source
             extra = obj.get("meta")
             if extra is not None and not isinstance(extra, dict):
                 raise RagError(f"{where}: field 'meta' must be an object, got {type(extra).__name__}")

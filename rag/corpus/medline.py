@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Sequence
 from typing import IO, Any
 
-from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, normalize_space
+from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, normalize_space, text_value
 from rag.corpus.pubmedqa import pmid_id
 from rag.types import Document, RagError
 
@@ -124,6 +124,8 @@ class MedlineCorpus(Corpus):
                     if elem.tag == "PubmedArticle":
                         n_articles += 1
                         pmid, doc = parse_article(elem)
+                        # An article without a PMID has no id to give it: malformed, not skippable.
+                        text_value(pmid, "PMID", f"{path}: article {n_articles}", is_id=True)
                         if doc is None:
                             self.skipped.append(pmid_id(pmid))
                         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, load_json
+from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, load_json, text_field, text_value
 from rag.types import Document, RagError
 
 # Document ids: "pmid:{PMID}" (MEDLINE records use the same scheme, so the two corpora agree).
@@ -31,12 +31,14 @@ def load_pubmedqa(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     for pmid, rec in data.items():
         if not isinstance(rec, dict):
             raise RagError(f"{p}: record {pmid}: expected an object, got {type(rec).__name__}")
+        where = f"{p}: record {pmid}"
         contexts = rec.get("CONTEXTS")
-        if not isinstance(contexts, list) or not all(isinstance(c, str) for c in contexts):
-            raise RagError(f"{p}: record {pmid}: 'CONTEXTS' must be a list of strings")
+        if not isinstance(contexts, list):
+            raise RagError(f"{where}: field 'CONTEXTS' must be a list of strings")
+        for i, c in enumerate(contexts):
+            text_value(c, f"CONTEXTS[{i}]", where)
         for field in ("QUESTION", "LONG_ANSWER"):
-            if not isinstance(rec.get(field), str) or not rec[field].strip():
-                raise RagError(f"{p}: record {pmid}: missing or empty '{field}'")
+            text_field(rec, field, where)
     return data
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from rag.cache import ArtifactCache, make_key
 from rag.timing import StageTimer
-from rag.types import Context
+from rag.types import Context, RagError
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +57,19 @@ def generate_resumable(
         with timer.stage("load_models"):
             generator.warm_up()
         with timer.stage("generate"):
-            for j, rec in generator.iter_generate([queries[i] for i in missing], [contexts[i] for i in missing]):
-                i = missing[j]
-                cache.put_record(RECORD_KIND, keys[i], rec)
-                records[i] = {**rec, "key": keys[i]}
-                sent += 1
+            try:
+                for j, rec in generator.iter_generate([queries[i] for i in missing], [contexts[i] for i in missing]):
+                    i = missing[j]
+                    cache.put_record(RECORD_KIND, keys[i], rec)
+                    records[i] = {**rec, "key": keys[i]}
+                    sent += 1
+            except RagError as e:
+                kept = resumed + sent
+                if not kept:
+                    raise
+                # the one line says what is not lost, so that the user reruns instead of starting over
+                raise RagError(f"{e}; {kept} of {len(queries)} answers are recorded in the cache, and a rerun "
+                              f"asks only for the other {len(queries) - kept}") from None
     out = []
     for i, r in enumerate(records):
         assert r is not None, "every missing answer was generated or the generator raised"
