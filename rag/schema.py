@@ -219,6 +219,7 @@ RULES: dict[str, Check] = {
     "fusion.alpha": number(0, 1),
     "reranker.model": string(), "reranker.top_n": integer(1), "reranker.lambda_mult": number(0, 1), "reranker.batch_size": integer(1),
     "reranker.max_length": integer(1), "reranker.device": device, "reranker.num_threads": integer(1, nullable=True),
+    "reranker.backend": string(choices=("torch", "onnx")),
     **{f"llm.{k}": c for k, c in LLM.items()},
     "eval.k": integer(1),
     "eval.tau_recall": number(-1, 1, note="a cosine threshold"),

@@ -343,3 +343,32 @@ def test_v3_reranks_with_the_trained_cross_encoder_and_v4_inherits_it():
             assert cfg.reranker._target_ == "rag.reranker.cross_encoder.CrossEncoderReranker"
             assert cfg.reranker.model == "trained:"
         assert compose("config", overrides=["+version=v2"]).reranker._target_ == "rag.reranker.NoReranker"
+
+
+def test_the_onnx_backend_scores_as_torch_does(tmp_path: Path):
+    """reranker.backend=onnx: the shipped model exported into the cache, its logits within 1e-4 of
+    torch's on real passages of several lengths, so the same order (issue 26)."""
+    from rag.reranker.cross_encoder import load_cross_encoder, predict_logits
+    from rag.reranker.training.shipped import restore, shipped_manifest
+
+    m = shipped_manifest()
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    assert restore(m["key"], m["base_model"], model_dir)
+    texts = ["fcntl - manipulate file descriptor", "dup() allocates a new file descriptor that refers to the same open "
+             "file description as the descriptor oldfd. " * 6, "torch.cat concatenates tensors along a dimension.",
+             "Asthma patients used budesonide-formoterol as needed. " * 12]
+    queries = ["How do I duplicate a file descriptor?", "What does torch.cat do?"]
+    r = CrossEncoderReranker(model=str(model_dir), max_length=160, backend="onnx", label_passages=False)
+    r.use_cache(ArtifactCache(tmp_path / "cache"))
+    torch_model = load_cross_encoder(str(model_dir), 160, "cpu")
+    for q in queries:
+        pairs = [(q, t) for t in texts]
+        got, want = r.score(pairs), predict_logits(torch_model, pairs, 32)
+        assert np.abs(got - want).max() < 1e-4
+        assert np.array_equal(np.argsort(-got), np.argsort(-want))
+    assert list((tmp_path / "cache" / "onnx_cross_encoder").iterdir()), "exported into the artifact cache"
+    with pytest.raises(RagError, match="reranker.backend=onnx runs in fp32"):
+        CrossEncoderReranker(model=str(model_dir), backend="onnx", precision="bf16")
+    with pytest.raises(RagError, match=r"reranker.backend must be one of \['torch', 'onnx'\], got 'tensorrt'"):
+        CrossEncoderReranker(model=str(model_dir), backend="tensorrt")

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 TRAINED = "trained:"
 FUSE_METHODS = ("none", "rrf", "linear")
+BACKENDS = ("torch", "onnx")  # onnx: the forward pass on ONNX Runtime (rag/reranker/onnx.py), fp32
 SCORES = "rerank_scores"  # record kind: one question's logits for its candidates
 
 
@@ -100,6 +101,7 @@ class CrossEncoderReranker(UsesCache, Reranker):
         fuse: dict[str, Any] | None = None,
         label_passages: bool | None = None,
         precision: str = "fp32",
+        backend: str = "torch",
     ):
         if not isinstance(model, str) or not model.strip():
             raise RagError(f"reranker.model must be a model id, path, package:<module> or {TRAINED!r}, got {model!r}")
@@ -121,6 +123,12 @@ class CrossEncoderReranker(UsesCache, Reranker):
             raise RagError(f"reranker.fuse: weight must be in [0, 1] and k >= 0, got {fuse}")
         if precision not in ("fp32", "bf16"):
             raise RagError(f"reranker.precision must be fp32 or bf16, got {precision!r}")
+        if backend not in BACKENDS:
+            raise RagError(f"reranker.backend must be one of {list(BACKENDS)}, got {backend!r}")
+        if backend == "onnx" and precision != "fp32":
+            raise RagError("reranker.backend=onnx runs in fp32: set reranker.precision=fp32 (or backend=torch for bf16)")
+        self.backend = backend
+        self._onnx: Any = None  # the ONNX Runtime scorer (backend=onnx), made when the model loads
         self.precision = precision
         self.label_passages = label_passages
         self.model_name = model.strip()
@@ -132,7 +140,8 @@ class CrossEncoderReranker(UsesCache, Reranker):
         self._model: Any = None
         self.artifact: Any = None  # the cross_encoder artifact, for `trained:`
         # what the recorded scores depend on besides the texts (made exact when the model loads)
-        self._identity: dict[str, Any] = {"model": self.model_name, "max_length": self.max_length, "precision": precision}
+        self._identity: dict[str, Any] = {"model": self.model_name, "max_length": self.max_length, "precision": precision,
+                                          "backend": backend}
         self._recording = True  # false once the cache refused a record (read-only)
         self._bf16 = False  # bf16 autocast in effect: settled when the model loads (rag.reranker.training.fit.use_bf16)
         if self.model_name == TRAINED:
@@ -163,11 +172,16 @@ class CrossEncoderReranker(UsesCache, Reranker):
                 self.label_passages = bool(local.is_dir() and reranker_info(local).get("label_passages", False))
             from rag.reranker.training.fit import use_bf16
 
-            self._model = load_cross_encoder(path, self.max_length, self.device)
+            model = load_cross_encoder(path, self.max_length, self.device)
+            if self.backend == "onnx":
+                from rag.reranker.onnx import export_cross_encoder, load_scorer
+
+                self._onnx = load_scorer(str(export_cross_encoder(model, path, self.max_length, self.cache)))
+            self._model = model
             self._bf16 = use_bf16(self.precision, self.device)
             self._identity = {"model": self.artifact.key if self.artifact is not None else path,
                               "files": model_fingerprint(path), "max_length": self.max_length,
-                              "precision": "bf16" if self._bf16 else "fp32"}
+                              "precision": "bf16" if self._bf16 else "fp32", "backend": self.backend}
         return self._model
 
     def passage(self, chunk: Chunk) -> str:
@@ -204,7 +218,10 @@ class CrossEncoderReranker(UsesCache, Reranker):
         """Raw relevance logits of the pairs (predict_logits)."""
         if not pairs:
             return np.zeros(0, np.float32)
-        model = self.model  # loads first: that settles bf16
+        model = self.model  # loads first: that settles bf16 and the ONNX session
+        if self._onnx is not None:
+            return np.concatenate([self._onnx.logits(model, pairs[i:i + self.batch_size])
+                                   for i in range(0, len(pairs), self.batch_size)])
         return predict_logits(model, pairs, self.batch_size, self._bf16)
 
     def scores_key(self, query: str, passages: list[str]) -> str:

@@ -135,16 +135,28 @@ def artifact_key(train: Mapping[str, Any] | None, cache: ArtifactCache) -> str:
 
 
 def build_trained_model(train: Mapping[str, Any] | None, cache: ArtifactCache,
-                        progress: Callable[[str], None] | None = None, reference: bool = False) -> Any:
-    """The `cross_encoder` artifact for these training settings, trained when missing.
-    Returns rag.cache.Artifact (path = the saved model folder)."""
+                        progress: Callable[[str], None] | None = None, reference: bool = False,
+                        shipped: bool = True) -> Any:
+    """The `cross_encoder` artifact for these training settings, built when missing: from the
+    model that ships with the repository when it was trained under the same key (`shipped`;
+    rag.reranker.training.shipped), else trained here. Returns rag.cache.Artifact (path = the
+    saved model folder)."""
     inputs = TrainingInputs(train, cache)
     key, key_inputs = inputs.key()
 
     def build(tmp: Path) -> dict[str, Any]:
+        if shipped and not reference:
+            from rag.reranker.training.shipped import SHIPPED_DIR, restore
+
+            if restore(key, inputs.settings["base_model"], tmp):
+                log.info("cross-encoder %s: the model trained with this recipe ships in %s; not training", key, SHIPPED_DIR)
+                m = json.loads((tmp / METRICS_FILE).read_text(encoding="utf-8"))
+                return {"source": "shipped", "train_pairs": m["data"]["train_pairs"],
+                        "train_seconds": m["training"]["train_seconds"], "total_seconds": m["total_seconds"],
+                        "heldout_before": m["heldout_before"], "heldout_after": m["heldout_after"]}
         log.info("training the cross-encoder reranker %s (one-time, cached) on %d documents", key, len(inputs.docs))
         m = train_cross_encoder(inputs, tmp, progress, reference)
-        return {"train_pairs": m["data"]["train_pairs"], "train_seconds": m["training"]["train_seconds"],
+        return {"source": "trained", "train_pairs": m["data"]["train_pairs"], "train_seconds": m["training"]["train_seconds"],
                 "total_seconds": m["total_seconds"], "heldout_before": m["heldout_before"],
                 "heldout_after": m["heldout_after"]}
 

@@ -23,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", help="cpu, cuda or cuda:N (reranker.train.device)")
     ap.add_argument("--reference", action="store_true",
                     help="when training: also rank the validation queries with the base model as a bi-encoder")
+    ap.add_argument("--train", action="store_true",
+                    help="train here even when the model that ships in models/cross_encoder/ has this recipe's key")
     ap.add_argument("--data-only", action="store_true", help="print training data statistics and examples; no training")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +version=v3 reranker.train.lr=1e-4")
     return ap
@@ -59,11 +61,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         t0 = time.perf_counter()
         art = build_trained_model(train, cache, progress=lambda m: logging.getLogger(__name__).info("%s", m),
-                                  reference=args.reference)
+                                  reference=args.reference, shipped=not args.train)
     except RagError as e:
         print(f"ragrig: error: {e}", file=sys.stderr)
         return 2
-    print(f"cross-encoder {'found in cache' if art.hit else 'trained'}: {art.path} ({time.perf_counter() - t0:.1f}s)")
+    how = "found in cache" if art.hit else ("from the shipped model" if art.manifest.get("source") == "shipped" else "trained")
+    print(f"cross-encoder {how}: {art.path} ({time.perf_counter() - t0:.1f}s)")
     metrics_file = art.path / METRICS_FILE
     if metrics_file.exists():
         m = json.loads(metrics_file.read_text())

@@ -1,0 +1,126 @@
+"""The cross-encoder's forward pass on ONNX Runtime (`reranker.backend: onnx`).
+
+The model's module chain (transformer and scoring head: token ids in, one logit per pair out) is
+exported once with torch.onnx into the artifact cache (kind `onnx_cross_encoder`, keyed by the
+model folder, the export and the library versions) and checked against torch on pairs of several
+lengths before it is used. Tokenization stays sentence-transformers' own (`CrossEncoder.
+preprocess`), so both backends see the same token ids; only the forward pass moves.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.cache import ArtifactCache, make_key
+from rag.models import model_fingerprint
+from rag.types import RagError
+
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # see rag/embedder/onnx.py
+
+KIND = "onnx_cross_encoder"
+ONNX_FILE = "model.onnx"
+META = "ragrig_onnx.json"
+OPSET = 17
+EXPORT_VERSION = 1  # bump when the export below changes what it produces
+# An export whose logits differ from torch's by more than this on the check pairs is not used.
+MAX_ABS_DIFF = 1e-4
+_CHECK_PAIRS = [
+    ("a", "b"),
+    ("What does fcntl do?", "fcntl - manipulate file descriptor. It performs one of the operations described below."),
+    ("A long question " * 8, "The quick brown fox jumps over the lazy dog. " * 80),  # truncated at max_length
+]
+
+
+def export_params(path: str, max_length: int) -> dict[str, Any]:
+    from importlib.metadata import version
+
+    return {"model": model_fingerprint(path), "path": str(path), "max_length": int(max_length), "opset": OPSET,
+            "export": EXPORT_VERSION, "transformers": version("transformers"),
+            "sentence_transformers": version("sentence-transformers"), "onnxruntime": version("onnxruntime")}
+
+
+def export_cross_encoder(model: Any, path: str, max_length: int, cache: ArtifactCache) -> Path:
+    """The folder of `model`'s exported graph in the artifact cache, exported on first use."""
+    try:
+        import onnx  # noqa: F401  (the exporter's checks)
+        import onnxruntime  # noqa: F401
+    except ImportError as e:
+        raise RagError(f"reranker.backend=onnx needs onnxruntime and onnx ({e}); pip install onnxruntime onnx") from e
+    params = export_params(path, max_length)
+    art = cache.get_or_build(KIND, make_key(KIND, params), lambda tmp: _export(model, tmp), inputs=params)
+    return art.path
+
+
+def _features(model: Any, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    return model.preprocess([list(p) for p in pairs])
+
+
+def _export(model: Any, tmp: Path) -> dict[str, Any]:
+    import torch
+
+    model.eval()
+    enc = _features(model, _CHECK_PAIRS[:2])
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in enc]
+    assert bool((enc["attention_mask"] == 0).any()), "the tracing batch must contain padding"
+
+    class Graph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ce = model
+
+        def forward(self, *inputs: Any) -> Any:
+            return self.ce(dict(zip(names, inputs)))["scores"]
+
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Graph().eval(), tuple(enc[n] for n in names), str(tmp / ONNX_FILE),
+                          input_names=names, output_names=["scores"], dynamic_axes={**axes, "scores": {0: "batch"}},
+                          opset_version=OPSET, dynamo=False)
+    (tmp / META).write_text(json.dumps({"inputs": names, "output": "scores"}, indent=2))
+    from rag.reranker.cross_encoder import predict_logits
+
+    ref = predict_logits(model, _CHECK_PAIRS, batch_size=8)
+    got = OnnxScorer(tmp).logits(model, _CHECK_PAIRS)
+    diff = float(np.abs(ref - got).max())
+    if diff > MAX_ABS_DIFF:
+        raise RagError(f"ONNX export of the cross-encoder differs from torch by {diff:.2e} (> {MAX_ABS_DIFF}); "
+                       "use reranker.backend=torch")
+    return {"check_max_abs": diff}
+
+
+class OnnxScorer:
+    """One ONNX Runtime session on an exported cross-encoder."""
+
+    def __init__(self, model_dir: str | os.PathLike[str]) -> None:
+        import onnxruntime as ort
+
+        model_dir = Path(model_dir)
+        meta = json.loads((model_dir / META).read_text())
+        self.input_names: list[str] = list(meta["inputs"])
+        self.output_name: str = meta["output"]
+        opts = ort.SessionOptions()
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:
+            opts.intra_op_num_threads = int(threads)
+        self.session = ort.InferenceSession(str(model_dir / ONNX_FILE), opts, providers=["CPUExecutionProvider"])
+
+    def logits(self, model: Any, pairs: list[tuple[str, str]]) -> np.ndarray:
+        """The relevance logit of each pair, as one batch (tokenized by `model`, the CrossEncoder)."""
+        if not pairs:
+            return np.zeros(0, np.float32)
+        enc = _features(model, pairs)
+        feeds = {n: enc[n].numpy().astype(np.int64) for n in self.input_names}
+        scores = np.asarray(self.session.run([self.output_name], feeds)[0], np.float32)
+        return (scores[:, -1] if scores.ndim > 1 else scores).reshape(-1)
+
+
+@functools.lru_cache(maxsize=4)
+def load_scorer(model_dir: str) -> OnnxScorer:
+    return OnnxScorer(model_dir)
