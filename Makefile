@@ -83,12 +83,12 @@ data: setup
 	$(PYTHON) -m rag.corpus.export --out data/corpora
 
 # Sweep costs (alpha sweep, chunk x alpha grid) and the performance families (BM25, FAISS indexes,
-# encoding, ONNX, end to end, generation, ...), all in experiments/benchmarks/, then the headline
+# encoding, ONNX, end to end, generation, ...), all in benchmarks/, then the headline
 # ratios into outputs/bench/results.json; BENCH_FLAGS=--full adds the long cases.
 bench: setup
-	$(PYTHON) -m experiments.benchmarks --only alpha_sweep --only grid_sweep --out outputs/bench
-	$(PYTHON) -m experiments.benchmarks --out outputs/bench/families $(BENCH_FLAGS)
-	$(PYTHON) -m experiments.benchmarks --headline --out outputs/bench
+	$(PYTHON) -m benchmarks --only alpha_sweep --only grid_sweep --only demo --out outputs/bench
+	$(PYTHON) -m benchmarks --out outputs/bench/families $(BENCH_FLAGS)
+	$(PYTHON) -m benchmarks --headline --out outputs/bench
 
 clean:
 	rm -rf outputs/runs outputs/multirun outputs/bench .pytest_cache

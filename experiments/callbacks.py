@@ -88,7 +88,8 @@ def write_sweep_summary(sweep_dir: Path, settings: dict[str, Any] | None = None)
     summary must not turn a finished sweep into a failed command."""
     try:
         from experiments.aggregate import load_records
-        from experiments.report import ReportSettings, build_report
+        from experiments.report import ReportSettings
+        from experiments.report_files import build_report
 
         s = settings or {}
         records = load_records([sweep_dir])

@@ -28,8 +28,6 @@ from experiments import metric_info as MI
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from rag.result import RunResult
-
 FORMATS = ("png", "svg")
 HATCHES = ["", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---", "***", "|||"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p"]
@@ -395,10 +393,3 @@ def jobs_chart(df: pd.DataFrame, objective: str, out_dir: Path, k: Any = "k",
     ax.grid(linewidth=0.4, alpha=0.6)
     ax.legend()
     return save(fig, out_dir, "jobs_objective", formats)
-
-
-def run_chart(result: RunResult, out_dir: Path, formats: Iterable[str] = ("png",)) -> list[Path]:
-    """One run: each metric overall and per question corpus (experiments.panels.run_chart)."""
-    from experiments.panels import run_chart as chart
-
-    return chart(result, out_dir, formats)

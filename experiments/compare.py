@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from experiments.aggregate import load_records
-from experiments.report import ReportSettings, build_report
+from experiments.report import ReportSettings
+from experiments.report_files import build_report
 from rag.schema import CHART_FORMATS
 from rag.rundir import remove_report
 

@@ -355,7 +355,9 @@ def _result_rows(rep: Report) -> list[dict[str, Any]]:
                 cell.update(marker=c["marker"], cls=("better" if c["better"] else "worse") if c["significant"] else "",
                             diff=f"{MI.fmt(m, c['diff'], True)} [{MI.fmt(m, c['ci_low'], True)}, "
                                  f"{MI.fmt(m, c['ci_high'], True)}]",
-                            p=_p(c["p_value"]), p_holm=_p(c["p_holm"]), n=int(c["n"]))
+                            p=_p(c["p_value"]), p_holm=_p(c["p_holm"]), n=int(c["n"]),
+                            wtl=(f"{int(c['wins'])} / {int(c['ties'])} / {int(c['losses'])}"
+                                 if "wins" in c and c["wins"] == c["wins"] else ""))
             cells.append(cell)
         rows.append({"label": lab, "job": row["job"], "status": row["status"], "error": row.get("error", ""),
                      "baseline": lab == rep.baseline, "cells": cells})

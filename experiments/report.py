@@ -14,6 +14,10 @@ Used at the end of every multirun (experiments.callbacks, in the sweep directory
   significant after Holm's correction, the smallest detectable difference per metric, failed jobs,
   and the charts.
 - report.html: one self-contained page with all of it and every question (experiments.html_report).
+
+This module computes the report (`analyze`) and writes its markdown; experiments.report_files
+writes every file, report.html included, so that the HTML writer can build on this module without
+this module importing it.
 """
 from __future__ import annotations
 
@@ -378,6 +382,18 @@ def differences_markdown(rep: Report, k: Any) -> list[str]:
                 f"p={_p(r['p_holm'])} {r['marker']}").rstrip())
         lines.append(_md_row(cells))
     lines.append("")
+    if "wins" in cmp:
+        lines += [f"## Win / tie / loss vs baseline ({rep.baseline})", "",
+                  "Questions on which the run does better / the same / worse than the baseline (for ↓ metrics, "
+                  "lower is the win), over the questions both share.", ""]
+        lines += [_md_row(["run"] + [C.metric_label(m, k) for m in metrics]), "|" + "---|" * (len(metrics) + 1)]
+        for lab in dict.fromkeys(str(x) for x in cmp["label"]):
+            cells = [lab]
+            for m in metrics:
+                r = diffs.get((lab, m))
+                cells.append("" if r is None else f"{int(r['wins'])} / {int(r['ties'])} / {int(r['losses'])}")
+            lines.append(_md_row(cells))
+        lines.append("")
     if not rep.mde.empty and rep.mde["mde"].notna().any():
         lines += ["## Smallest detectable difference", "",
                   "The difference a paired test would find with 80% power at these question counts: a metric "
@@ -437,29 +453,4 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
                   "n": int(row.get(f"{objective}_n", 0) or 0)}
     runs = [lab for i, lab in enumerate(labels) if records[i].ok and i != base]
     rep.verdict = V.verdict_text(cmp, baseline_label, runs, k, objective, single)
-    return rep
-
-
-def build_report(records: list[RunRecord], out_dir: Path, settings: ReportSettings | None = None,
-                 source: str = "") -> Report:
-    """Writes summary.csv, comparison.csv, charts/, summary.md and report.html into `out_dir`."""
-    settings = settings or ReportSettings()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rep = analyze(records, out_dir, settings, source)
-    rep.frame.to_csv(out_dir / "summary.csv", index=False)
-    rep.comparison.to_csv(out_dir / "comparison.csv", index=False)
-    if settings.charts and not rep.frame.empty:
-        try:
-            rep.charts = make_charts(rep, out_dir / "charts", tuple(settings.formats))
-        except Exception:  # a chart must never cost the tables
-            log.exception("report: charts failed")
-    (out_dir / "summary.md").write_text(summary_markdown(rep, rep.k, source), encoding="utf-8")
-    if settings.html:
-        try:
-            from experiments.html_report import write_html
-
-            rep.html = write_html(rep, records, out_dir / "report.html")
-        except Exception:  # the page must never cost the tables
-            log.exception("report: report.html failed")
     return rep

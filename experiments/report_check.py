@@ -203,7 +203,8 @@ def measure(path: Path, loads: int = 5) -> dict[str, Any]:
 
 def scale(out: Path, questions: int, runs: int, contexts: int) -> dict[str, Any]:
     from experiments.aggregate import load_records
-    from experiments.report import ReportSettings, build_report
+    from experiments.report import ReportSettings
+    from experiments.report_files import build_report
 
     out = Path(out)
     shutil.rmtree(out, ignore_errors=True)

@@ -206,7 +206,7 @@ class MLflowTracker(Tracker):
                 files = [out / n for n in ("metrics.json", "per_question.jsonl", "config_resolved.yaml", "failure.json")]
                 self._log_files(run_id, files)
                 if result and self.run_chart:
-                    from experiments.charts import run_chart
+                    from experiments.panels import run_chart
 
                     with tempfile.TemporaryDirectory() as tmp:
                         self._log_files(run_id, run_chart(result, Path(tmp)), "charts")

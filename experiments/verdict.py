@@ -80,11 +80,12 @@ def compare(records: list[RunRecord], labels: list[str], metrics: list[str], bas
             d = paired_bootstrap(base_vals[m], other, resamples, confidence, seed, permutations)
             if d.n == 0:
                 continue
+            wins, ties, losses = win_tie_loss(base_vals[m], other, m)
             rows.append({
                 "job": rec.job_num if rec.job_num is not None else "", "label": labels[i], "metric": m,
                 "baseline": labels[base], "diff": d.mean_diff, "ci_low": d.ci_low, "ci_high": d.ci_high,
                 "n": d.n, "n_run": _count(other), "n_baseline": _count(base_vals[m]), "sd_diff": d.sd_diff,
-                "p_value": d.p_value,
+                "p_value": d.p_value, "wins": wins, "ties": ties, "losses": losses,
             })
     table = pd.DataFrame(rows)
     n_tests = 0
@@ -97,6 +98,24 @@ def compare(records: list[RunRecord], labels: list[str], metrics: list[str], bas
         table["mde"] = [min_detectable_effect(sd, n, alpha / max(n_tests, 1), POWER)
                         for sd, n in zip(table["sd_diff"], table["n"])]
     return Comparison(table, mde_table(table, records[base], metrics, alpha, n_tests, base_vals), alpha, n_tests)
+
+
+def win_tie_loss(baseline: Mapping[str, float | None], other: Mapping[str, float | None], metric: str) -> tuple[int, int, int]:
+    """Questions on which `other` is better than the baseline, equal, and worse (in the metric's
+    own direction: fewer hallucinations win), over the questions both have a value for."""
+    wins = ties = losses = 0
+    for q in baseline.keys() & other.keys():
+        a, b = baseline[q], other[q]
+        if a is None or b is None or (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
+            continue
+        d = float(b) - float(a)
+        if abs(d) <= 1e-9 * max(1.0, abs(float(a))):
+            ties += 1
+        elif MI.better(metric, d):
+            wins += 1
+        else:
+            losses += 1
+    return wins, ties, losses
 
 
 def _count(values: Mapping[str, float | None]) -> int:

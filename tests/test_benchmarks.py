@@ -1,6 +1,6 @@
-"""The benchmark families (experiments/benchmarks) in tiny configurations: they run and return
+"""The benchmark families (benchmarks) in tiny configurations: they run and return
 the keys that the CLI's --headline and docs/bench.md rely on. The figures themselves come from
-`python -m experiments.benchmarks` (see docs/bench.md)."""
+`python -m benchmarks` (see docs/bench.md)."""
 from __future__ import annotations
 
 import inspect
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.benchmarks import REGISTRY, bm25, common, faiss_indexes
+from benchmarks import REGISTRY, bm25, common, faiss_indexes
 from rag.config import PROJECT_ROOT
 
 COMMON_KEYS = {"table", "environment", "wall_s", "loadavg_start", "loadavg_end"}
@@ -25,7 +25,7 @@ def _check_table(res):
 def test_registry_functions_take_quick_and_full():
     assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "ray_encoding",
                              "generation", "serving", "generation_speed", "retrieval_latency", "alpha_sweep",
-                             "grid_sweep", "reranking"}
+                             "grid_sweep", "reranking", "demo"}
     for fn in REGISTRY.values():
         params = inspect.signature(fn).parameters
         assert list(params)[:2] == ["quick", "full"] and "tiny" in params
@@ -99,7 +99,7 @@ def test_faiss_long_cases_only_with_full(monkeypatch):
 
 
 def test_scale_tiny():
-    from experiments.benchmarks.scale import bench_scale
+    from benchmarks.scale import bench_scale
 
     res = bench_scale(quick=True, full=False, tiny=True)
     _check_table(res)
@@ -115,7 +115,7 @@ def test_bm25_case_in_a_fresh_process():
 
 @pytest.mark.slow
 def test_encoding_tiny():
-    from experiments.benchmarks.encoding import bench_encoding
+    from benchmarks.encoding import bench_encoding
 
     res = bench_encoding(quick=True, full=False, tiny=True)
     _check_table(res)
@@ -126,7 +126,7 @@ def test_encoding_tiny():
 @pytest.mark.slow
 def test_onnx_tiny():
     pytest.importorskip("onnxruntime")
-    from experiments.benchmarks.onnx_backend import bench_onnx
+    from benchmarks.onnx_backend import bench_onnx
 
     res = bench_onnx(quick=True, full=False, tiny=True)
     _check_table(res)
@@ -137,7 +137,7 @@ def test_onnx_tiny():
 
 @pytest.mark.slow
 def test_end_to_end_tiny():
-    from experiments.benchmarks.end_to_end import bench_end_to_end
+    from benchmarks.end_to_end import bench_end_to_end
 
     res = bench_end_to_end(quick=True, full=False, tiny=True)
     _check_table(res)
@@ -148,7 +148,7 @@ def test_end_to_end_tiny():
 
 
 def test_generation_prompts_hold_their_answer_among_five_passages():
-    from experiments.benchmarks.generation import PASSAGES, rag_prompts
+    from benchmarks.generation import PASSAGES, rag_prompts
 
     questions, contexts, truths = rag_prompts(7)
     answers = [json.loads(line)["answer"] for line in (PROJECT_ROOT / "data/qa/pytorch.jsonl").read_text().splitlines()]
@@ -160,7 +160,7 @@ def test_generation_prompts_hold_their_answer_among_five_passages():
 
 @pytest.mark.slow
 def test_generation_tiny_runs_the_cpu_baseline():
-    from experiments.benchmarks.generation import bench_generation
+    from benchmarks.generation import bench_generation
 
     res = bench_generation(quick=True, full=False, tiny=True)
     _check_table(res)
@@ -170,7 +170,7 @@ def test_generation_tiny_runs_the_cpu_baseline():
 
 
 def test_generation_answer_quality_pairs_each_variant_with_the_cpu():
-    from experiments.benchmarks.generation import answer_quality, rag_prompts
+    from benchmarks.generation import answer_quality, rag_prompts
 
     _, _, truths = rag_prompts(3)
     # the truth itself scores 1 against the truth; an unrelated answer scores lower, and the paired
@@ -184,7 +184,7 @@ def test_generation_answer_quality_pairs_each_variant_with_the_cpu():
 
 def test_onnx_reports_the_default_embedders_speedup():
     pytest.importorskip("onnxruntime")
-    from experiments.benchmarks.onnx_backend import bench_onnx
+    from benchmarks.onnx_backend import bench_onnx
 
     res = bench_onnx(quick=True, full=False, tiny=True)
     assert res["embed_speedup"] == res["speed"]["onnx"]["speedup_vs_torch"]
@@ -192,7 +192,7 @@ def test_onnx_reports_the_default_embedders_speedup():
 
 
 def test_retrieval_latency_tiny(tmp_path):
-    from experiments.benchmarks.retrieval_latency import bench_retrieval_latency
+    from benchmarks.retrieval_latency import bench_retrieval_latency
     from tests.conftest import TINY_DOCS, TINY_QA, write_jsonl
 
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS])
@@ -213,7 +213,7 @@ def test_retrieval_latency_tiny(tmp_path):
 @pytest.mark.slow
 def test_generation_speed_tiny(tmp_path):
     """Before/after on a tiny v3: the loop with the old decoding gives the old runtime's answers."""
-    from experiments.benchmarks.generation_speed import bench_generation_speed
+    from benchmarks.generation_speed import bench_generation_speed
     from tests.conftest import TINY_DOCS, TINY_QA, write_jsonl
 
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS])
@@ -236,8 +236,8 @@ def dummy_family(quick, full, tiny=False, overrides=None, work_dir=None):
 
 
 def test_cli_runs_named_families_with_overrides_and_lists_them(tmp_path, monkeypatch, capsys):
-    from experiments import benchmarks
-    from experiments.benchmarks.__main__ import main
+    import benchmarks
+    from benchmarks.__main__ import main
 
     monkeypatch.setitem(benchmarks.FAMILIES, "dummy", "tests.test_benchmarks:dummy_family")
     assert main(["--list"]) == 0
@@ -254,22 +254,23 @@ def test_cli_runs_named_families_with_overrides_and_lists_them(tmp_path, monkeyp
 
 
 def test_a_plain_run_leaves_out_the_sweeps(tmp_path, monkeypatch):
-    from experiments.benchmarks import __main__ as cli
+    from benchmarks import __main__ as cli
 
     ran = []
     monkeypatch.setattr(cli, "_run", lambda args, names, done: ran.extend(names) or 0)
     for flags in ([], ["--full"]):
         ran.clear()
         assert cli.main(["--out", str(tmp_path), *flags]) == 0
-        assert ran and not {"alpha_sweep", "grid_sweep"} & set(ran)
+        assert ran and not {"alpha_sweep", "grid_sweep", "demo"} & set(ran)
     assert "serving" in ran  # --full adds the opt-in families, not the sweeps
 
 
 @pytest.mark.parametrize("layout", ["families", "before"])
-def test_headline_gathers_the_five_ratios(tmp_path, layout):
-    from experiments.benchmarks.__main__ import main
+def test_headline_gathers_the_ratios_and_the_demos_times(tmp_path, layout):
+    from benchmarks.__main__ import main
 
-    sweeps = {"alpha_sweep": {"alpha_sweep_ratio": 1.1}, "grid_sweep": {"grid_sweep_ratio": 1.05}}
+    sweeps = {"alpha_sweep": {"alpha_sweep_ratio": 1.1}, "grid_sweep": {"grid_sweep_ratio": 1.05},
+              "demo": {"demo_cold_s": 290.0, "demo_warm_s": 44.0, "rerank_ms_per_question": 600.0}}
     # "before": the sweeps' results.json of experiments/bench.py, results at its top level
     (tmp_path / "results.json").write_text(json.dumps({"mode": "quick", "results": sweeps} if layout == "families"
                                                       else sweeps))
@@ -280,7 +281,8 @@ def test_headline_gathers_the_five_ratios(tmp_path, layout):
     assert main(["--headline", "--out", str(tmp_path)]) == 0
     heads = json.loads((tmp_path / "headline.json").read_text())
     assert heads == {"generation_speedup": 2.5, "generation_identical_share": 1.0, "embed_speedup": 1.6,
-                     "alpha_sweep_ratio": 1.1, "grid_sweep_ratio": 1.05}
+                     "alpha_sweep_ratio": 1.1, "grid_sweep_ratio": 1.05, "demo_cold_s": 290.0, "demo_warm_s": 44.0,
+                     "rerank_ms_per_question": 600.0}
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["grid_sweep_ratio"] == 1.05
     assert json.loads((tmp_path / "families" / "results.json").read_text())["alpha_sweep_ratio"] == 1.1
@@ -308,7 +310,7 @@ def fake_run_py(calls):
 
 
 def test_alpha_sweep_tiny(tmp_path, monkeypatch):
-    from experiments.benchmarks import sweeps
+    from benchmarks import sweeps
 
     calls = []
     monkeypatch.setattr(sweeps, "run_py", fake_run_py(calls))
@@ -323,7 +325,7 @@ def test_alpha_sweep_tiny(tmp_path, monkeypatch):
 
 
 def test_grid_sweep_tiny(tmp_path, monkeypatch):
-    from experiments.benchmarks import sweeps
+    from benchmarks import sweeps
 
     calls = []
     monkeypatch.setattr(sweeps, "run_py", fake_run_py(calls))
@@ -336,7 +338,7 @@ def test_grid_sweep_tiny(tmp_path, monkeypatch):
 def test_reranking_tiny_trains_the_cross_encoder_and_compares_each_v3_with_v2(tmp_path):
     """Real processes end to end: a seconds-long model trained by `python -m rag.reranker.training`,
     then v2, v3 and v3 with that model run by `python run.py` and compared question by question."""
-    from experiments.benchmarks.reranking import METRICS, bench_reranking
+    from benchmarks.reranking import METRICS, bench_reranking
 
     res = bench_reranking(tiny=True, work_dir=tmp_path)
     _check_table(res)
@@ -348,3 +350,13 @@ def test_reranking_tiny_trains_the_cross_encoder_and_compares_each_v3_with_v2(tm
                                                                   for m in METRICS}
     assert all(d["n"] == 4 and d["ci_low"] <= d["diff"] <= d["ci_high"] for d in dev["diffs"])
     assert dev["n_tests"] == len(dev["diffs"])
+
+
+def test_demo_tiny_times_the_demo_cold_then_warm(tmp_path):
+    from benchmarks.demo import bench_demo
+
+    res = bench_demo(tiny=True, work_dir=tmp_path)
+    assert res["demo_cold_s"] > 0 and res["demo_warm_s"] > 0
+    assert set(res["cold_stages_s"]) == {"v1", "v2"} and res["cold_stages_s"]["v1"]["embed"] > 0
+    assert res["same_objectives_warm"] is True
+    assert [r["measure"] for r in res["table"]][:3] == ["demo_cold_s", "demo_warm_s", "rerank_ms_per_question"]

@@ -182,7 +182,7 @@ def test_compare_interrupted_leaves_no_report(tmp_path, monkeypatch):
 
 def test_benchmarks_out_that_is_a_file_is_one_line(tmp_path):
     (tmp_path / "file").write_text("x")
-    done = command(["-m", "experiments.benchmarks", "--only", "bm25", "--out", str(tmp_path / "file")])
+    done = command(["-m", "benchmarks", "--only", "bm25", "--out", str(tmp_path / "file")])
     assert_one_line(done, f"benchmarks: error: --out {tmp_path / 'file'}")
 
 
@@ -191,7 +191,7 @@ def test_benchmarks_out_that_is_a_file_is_one_line(tmp_path):
     ("chunker=nope", "benchmarks: error: Could not find 'chunker/nope'"),
 ])
 def test_bench_checks_its_overrides_before_any_benchmark(override, expect, tmp_path):
-    done = command(["-m", "experiments.benchmarks", "--only", "alpha_sweep", "--out", str(tmp_path / "b"), "--",
+    done = command(["-m", "benchmarks", "--only", "alpha_sweep", "--out", str(tmp_path / "b"), "--",
                     override])
     assert_one_line(done, expect)
     assert not (tmp_path / "b" / "alpha_sweep").exists()
@@ -240,6 +240,6 @@ def test_results_interrupted_while_written_are_removed(tmp_path, monkeypatch):
 
 
 def test_every_entry_point_answers_help():
-    for module in ("rag.ask", "experiments.compare", "experiments.aggregate", "experiments.benchmarks"):
+    for module in ("rag.ask", "experiments.compare", "experiments.aggregate", "benchmarks"):
         done = command(["-m", module, "--help"], timeout=120)
         assert done.returncode == 0 and "usage" in done.stdout.lower(), (module, done.stderr[-2000:])

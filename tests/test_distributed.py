@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.benchmarks.common import run_case
-from experiments.benchmarks.encoding import chunk_set_of
+from benchmarks.common import run_case
+from benchmarks.encoding import chunk_set_of
 from rag.artifacts import Artifacts
 from rag.cache import ArtifactCache
 from rag.config import PROJECT_ROOT
@@ -245,7 +245,7 @@ def assert_grid_sweep(sweep: Path, cache: Path) -> None:
 
 @pytest.mark.distributed
 def test_ray_encoding_benchmark_tiny():
-    res = in_own_process("bench_ray_encoding", timeout=600, module="experiments.benchmarks.ray_encoding",
+    res = in_own_process("bench_ray_encoding", timeout=600, module="benchmarks.ray_encoding",
                          quick=True, full=False, tiny=True)
     assert {"table", "environment", "wall_s", "loadavg_start", "loadavg_end"} <= set(res)
     assert all({"measure", "value", "unit", "note"} <= set(r) for r in res["table"])

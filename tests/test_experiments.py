@@ -16,7 +16,8 @@ from eval.stats import bootstrap_ci
 from experiments import charts
 from experiments.aggregate import find_run_dirs, load_records, summary_frame
 from experiments.compare import main as compare_main
-from experiments.report import ReportSettings, build_report
+from experiments.report import ReportSettings
+from experiments.report_files import build_report
 from experiments.stats import holm, min_detectable_effect, paired_bootstrap, sign_flip_p_value
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -361,6 +362,25 @@ def test_verdict_corrects_for_every_cell_and_reads_lower_is_better_metrics(tmp_p
     assert rep.verdict.split(":")[0] in text and str(tmp_path / "out" / "summary.md") in text
     assert all(len(line) <= 100 for line in text.splitlines()), max(text.splitlines(), key=len)
     assert "0.60 [" in text or "▲" in text  # the headline table with CIs and markers
+
+
+def test_win_tie_loss_counts_questions_in_the_metrics_direction(tmp_path):
+    from experiments.verdict import win_tie_loss
+
+    base = {"a": 0.5, "b": 0.5, "c": 0.5, "d": None, "e": 0.1}
+    other = {"a": 0.7, "b": 0.5, "c": 0.2, "d": 0.9, "f": 1.0, "e": float("nan")}
+    assert win_tie_loss(base, other, "mrr") == (1, 1, 1)  # d and e have no pair, f no baseline
+    assert win_tie_loss(base, other, "hallucination") == (1, 1, 1)  # c went down: the win
+    assert win_tie_loss({"a": 1.0}, {"a": 0.0}, "hallucination") == (1, 0, 0)
+
+    write_run(tmp_path / "v1", variant="v1", overrides=["+version=v1"], values={"mrr": [0.5, 0.5, 0.5, 0.0]})
+    write_run(tmp_path / "v2", variant="v2", overrides=["+version=v2"], values={"mrr": [1.0, 1.0, 0.5, 0.0]})
+    rep = build_report(load_records([tmp_path]), tmp_path / "out", ReportSettings(charts=False, html=False))
+    row = rep.comparison.iloc[0]
+    assert (row["wins"], row["ties"], row["losses"]) == (2, 2, 0)
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Win / tie / loss vs baseline (v1)" in md and "| v2 | 2 / 2 / 0 |" in md
+    assert {"wins", "ties", "losses"} <= set(pd.read_csv(tmp_path / "out" / "comparison.csv").columns)
 
 
 def test_comparisons_use_shared_questions_only_and_say_so(tmp_path):

@@ -91,7 +91,7 @@ def test_id_differs_by_backend_and_quantization():
     ids = [torch_e.id, onnx_e.id, int8_e.id]
     assert len({tuple(sorted(i.items())) for i in ids}) == 3
     assert onnx_e.id["backend"] == "onnx" and int8_e.id["quantize"] == "int8"
-    from experiments.benchmarks.encoding import chunk_set_of
+    from benchmarks.encoding import chunk_set_of
     from rag.artifacts import Artifacts
     from rag.cache import ArtifactCache
 

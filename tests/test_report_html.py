@@ -13,7 +13,8 @@ import pytest
 
 from experiments import html_report as H
 from experiments.aggregate import load_records
-from experiments.report import ReportSettings, build_report
+from experiments.report import ReportSettings
+from experiments.report_files import build_report
 from tests.test_experiments import write_run
 
 TRUTH = "The fcntl64 call was added in Linux 2.4 to handle large file offsets in the flock structure."

@@ -4,7 +4,7 @@ bounded steps, stay within a few GB, are stored as float32 .npy / FAISS / bm25s 
 back from the cache on reuse."""
 import pytest
 
-from experiments.benchmarks.scale import bench_scale
+from benchmarks.scale import bench_scale
 
 pytestmark = pytest.mark.scale
 

@@ -90,7 +90,8 @@ def test_retraining_the_recipe_reproduces_the_shipped_ranking(tmp_path):
     from hydra.utils import instantiate
 
     from rag.cache import ArtifactCache
-    from rag.reranker.cross_encoder import load_cross_encoder, predict_logits
+    from rag.reranker.cross_encoder import load_cross_encoder
+    from rag.reranker.logits import predict_logits
     from rag.reranker.training.artifact import dataset_for
 
     shipped = tmp_path / "shipped"

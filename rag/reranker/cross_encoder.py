@@ -28,6 +28,7 @@ import numpy as np
 from rag.cache import make_key
 from rag.models import UsesCache, model_fingerprint, resolve_model
 from rag.reranker.base import Reranker
+from rag.reranker.logits import predict_logits
 from rag.types import Chunk, Hits, QAItem, RagError
 
 log = logging.getLogger(__name__)
@@ -58,24 +59,6 @@ def fuse_scores(ce: np.ndarray, method: str, weight: float, k: int = 60) -> np.n
         return (weight / (k + ce_rank) + (1 - weight) / (k + first)).astype(np.float32)
     z = (ce - ce.mean()) / (ce.std() + 1e-6)
     return (weight * z - (1 - weight) * np.log(first)).astype(np.float32)
-
-
-def predict_logits(model: Any, pairs: list[tuple[str, str]], batch_size: int, bf16: bool = False) -> np.ndarray:
-    """A CrossEncoder's raw relevance logits for (query, passage) pairs, one per pair (no sigmoid:
-    it would saturate and tie the best candidates; a multi-label model's last logit is taken as
-    "relevant"), under bf16 autocast when `bf16`."""
-    if not pairs:
-        return np.zeros(0, np.float32)
-    import torch
-
-    device_type = "cuda" if str(getattr(model, "device", "cpu")).startswith("cuda") else "cpu"
-    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-        scores = model.predict(pairs, batch_size=batch_size, show_progress_bar=False,
-                               activation_fn=torch.nn.Identity(), convert_to_numpy=True)
-    scores = np.asarray(scores, np.float32)
-    if scores.ndim > 1:
-        scores = scores[:, -1]
-    return scores.reshape(-1)
 
 
 @functools.lru_cache(maxsize=4)

@@ -84,7 +84,7 @@ def _export(model: Any, tmp: Path) -> dict[str, Any]:
                           input_names=names, output_names=["scores"], dynamic_axes={**axes, "scores": {0: "batch"}},
                           opset_version=OPSET, dynamo=False)
     (tmp / META).write_text(json.dumps({"inputs": names, "output": "scores"}, indent=2))
-    from rag.reranker.cross_encoder import predict_logits
+    from rag.reranker.logits import predict_logits
 
     ref = predict_logits(model, _CHECK_PAIRS, batch_size=8)
     got = OnnxScorer(tmp).logits(model, _CHECK_PAIRS)

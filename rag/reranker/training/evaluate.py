@@ -60,7 +60,7 @@ def group_metrics(groups: Sequence[Group], scores: np.ndarray) -> dict[str, Any]
 def score_pairs(model: Any, pairs: Sequence[Pair], batch_size: int = 64, bf16: bool = False) -> np.ndarray:
     """Raw logits of a CrossEncoder for (query, passage, label) pairs (under bf16 autocast when
     asked: the model trained that way, and it halves the time on CPUs that compute bf16)."""
-    from rag.reranker.cross_encoder import predict_logits
+    from rag.reranker.logits import predict_logits
 
     return predict_logits(model, [(q, p) for q, p, _ in pairs], batch_size, bf16)
 

@@ -1,15 +1,15 @@
 """Runs the benchmarks (`make bench` runs this three times: the sweeps, the families, --headline).
 
-    python -m experiments.benchmarks                      # quick: the families but the opt-in ones, < 30 min on 2 cores
-    python -m experiments.benchmarks --full               # + 1M FAISS/HNSW, v3/v4, longer encodes, Ray
-    python -m experiments.benchmarks --only bm25 --only faiss --out outputs/bench/families
-    python -m experiments.benchmarks --only alpha_sweep --only grid_sweep --out outputs/bench
-    python -m experiments.benchmarks --only alpha_sweep -- corpus=jsonl corpus.path=...   # overrides
-    python -m experiments.benchmarks --headline --out outputs/bench
-    python -m experiments.benchmarks --list
+    python -m benchmarks                      # quick: the families but the opt-in ones, < 30 min on 2 cores
+    python -m benchmarks --full               # + 1M FAISS/HNSW, v3/v4, longer encodes, Ray
+    python -m benchmarks --only bm25 --only faiss --out outputs/bench/families
+    python -m benchmarks --only alpha_sweep --only grid_sweep --out outputs/bench
+    python -m benchmarks --only alpha_sweep -- corpus=jsonl corpus.path=...   # overrides
+    python -m benchmarks --headline --out outputs/bench
+    python -m benchmarks --list
 
 Writes <out>/<name>.json per family, <out>/results.json and <out>/bench.md (tables). --headline
-gathers the five headline ratios (HEADLINE_KEYS) from <out>/results.json (the sweeps) and
+gathers the headline figures (HEADLINE_KEYS) from <out>/results.json (the sweeps) and
 <out>/families/results.json into both files and <out>/headline.json.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.benchmarks import OPT_IN, REGISTRY, SWEEPS, describe
-from experiments.benchmarks.common import environment, loadavg
+from benchmarks import OPT_IN, REGISTRY, SWEEPS, describe
+from benchmarks.common import environment, loadavg
 from rag.cache import atomic_write_text
 from rag.config import PROJECT_ROOT
 
@@ -52,7 +52,7 @@ def markdown(results: dict[str, dict[str, Any]], env: dict[str, Any], mode: str)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.benchmarks")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks")
     ap.add_argument("--full", action="store_true", help="include the long cases")
     ap.add_argument("--only", action="append", choices=sorted(REGISTRY), help="run only this family (repeatable)")
     ap.add_argument("--out", type=Path, default=PROJECT_ROOT / "outputs" / "bench" / "families")
@@ -94,7 +94,7 @@ def check_setup(out: Path, overrides: list[str]) -> str | None:
         return f"--out {out}: {e.strerror}"
     if not overrides:
         return None
-    from experiments.benchmarks.common import compose
+    from benchmarks.common import compose
     from rag.config import config_error_line, is_config_error
     from rag.schema import validate
     from rag.types import RagError
@@ -151,6 +151,9 @@ HEADLINE_KEYS = {  # key -> (results.json under --out: the sweeps', or families/
     "embed_speedup": ("families", "onnx", "embed_speedup"),
     "alpha_sweep_ratio": ("sweeps", "alpha_sweep", "alpha_sweep_ratio"),
     "grid_sweep_ratio": ("sweeps", "grid_sweep", "grid_sweep_ratio"),
+    "demo_cold_s": ("sweeps", "demo", "demo_cold_s"),
+    "demo_warm_s": ("sweeps", "demo", "demo_warm_s"),
+    "rerank_ms_per_question": ("sweeps", "demo", "rerank_ms_per_question"),
 }
 
 

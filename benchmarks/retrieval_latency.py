@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.benchmarks.common import compose, environment, finish, ratio, row, start
+from benchmarks.common import compose, environment, finish, ratio, row, start
 
 FULL = ["slice.docs_per_source=null", "slice.questions_per_corpus=null", "embedder.show_progress=false"]
 

@@ -7,7 +7,7 @@ charts are in what is measured.
 - grid_sweep: a 3x3 `sweep=chunk_alpha` against the three runs that build its chunkings, cold, on
   a smaller slice: **grid_sweep_ratio**.
 
-Neither is in a plain `python -m experiments.benchmarks` (see SWEEPS); `make bench` runs them
+Neither is in a plain `python -m benchmarks` (see SWEEPS); `make bench` runs them
 first, into outputs/bench.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments.benchmarks.common import (
+from benchmarks.common import (
     cold_cache,
     compose,
     finish,

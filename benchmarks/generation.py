@@ -14,9 +14,9 @@ grounding from the fixed evaluation embedder (eval/metrics.py) with paired-boots
 each variant's difference from the baseline.
 
 Runs without FAISS, Hydra or BM25 (only torch, transformers, gguf, and bitsandbytes for 4-bit), so
-a GPU machine with a bare PyTorch image can run it: `python -m experiments.benchmarks --only
+a GPU machine with a bare PyTorch image can run it: `python -m benchmarks --only
 generation`. Where the evaluation embedder's package is missing there, the answers are scored
-afterwards on any machine that has it: `python -m experiments.benchmarks.generation --score
+afterwards on any machine that has it: `python -m benchmarks.generation --score
 generation.json`.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.benchmarks.common import environment, finish, ratio, row, start
+from benchmarks.common import environment, finish, ratio, row, start
 from rag.cache import ArtifactCache, atomic_write_text
 from rag.config import PROJECT_ROOT
 from rag.models import default_cache_root
@@ -242,7 +242,7 @@ def bench_generation(quick: bool = True, full: bool = False, tiny: bool = False,
               "environment": environment()}
     if importlib.util.find_spec(EVAL_EMBEDDER.split(":", 1)[1]) is None:
         result["quality"] = {"skipped": "the evaluation embedder is not installed here; score the answers where it "
-                                        "is: python -m experiments.benchmarks.generation --score generation.json"}
+                                        "is: python -m benchmarks.generation --score generation.json"}
         table.append(row("answer quality", "skipped", "", result["quality"]["skipped"]))
     else:
         result["quality"] = answer_quality(result, resamples=100 if tiny else 1000)

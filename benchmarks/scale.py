@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.benchmarks.common import (
+from benchmarks.common import (
     PeakSampler,
     environment,
     finish,
@@ -37,7 +37,7 @@ from experiments.benchmarks.common import (
     zipf_queries,
     zipf_texts,
 )
-from experiments.benchmarks.faiss_indexes import _floor_note
+from benchmarks.faiss_indexes import _floor_note
 
 SOURCES = ("pubmed", "libc", "pytorch")
 
@@ -107,7 +107,7 @@ def scale_case(n_docs: int, workdir: str, dim: int = 384) -> dict[str, Any]:
     """Runs in its own process (run_case)."""
     import faiss
 
-    from experiments.benchmarks.faiss_indexes import bandwidth_floor
+    from benchmarks.faiss_indexes import bandwidth_floor
     from rag.artifacts import Artifacts, ChunkSet
     from rag.bm25 import BM25Index
     from rag.cache import ArtifactCache, make_key
@@ -195,7 +195,7 @@ def bench_scale(quick: bool = True, full: bool = False, n_docs: int | None = Non
             res = scale_case(n_docs, str(tmp))
             res["in_process"] = True
         else:
-            res = run_case("experiments.benchmarks.scale", "scale_case", {"n_docs": n_docs, "workdir": str(tmp)})
+            res = run_case("benchmarks.scale", "scale_case", {"n_docs": n_docs, "workdir": str(tmp)})
     table = []
     if "error" in res:
         table.append(row(f"scale @ {n_docs:,}", "failed", "", res["error"][:300]))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.aggregate import load_records
-from experiments.benchmarks.common import (
+from benchmarks.common import (
     finish,
     row,
     run_pipeline_subprocess,

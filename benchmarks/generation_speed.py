@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.benchmarks.common import compose, environment, finish, ratio, row, start
+from benchmarks.common import compose, environment, finish, ratio, row, start
 
 OLD_DECODING = {"max_new_tokens": 96, "stop": [], "repeat_stop_ngram": 0, "no_repeat_ngram_size": 0}
 BEFORE = {"runtime": "generate", "batch_size": 4, "num_threads": 1, "dtype": "float32", **OLD_DECODING}

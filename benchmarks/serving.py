@@ -14,7 +14,7 @@ prompts, then times all of them once. Tokens are the generated tokens without th
 token (the server's `completion_tokens` count it for answers that stop). Beside the speed, the
 share of answers identical to the in-process ones.
 
-    pip install -e ".[serving]"; python -m experiments.benchmarks --only serving
+    pip install -e ".[serving]"; python -m benchmarks --only serving
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.benchmarks.common import compose, environment, finish, main_cache, ratio, row, start, tiny_dataset
+from benchmarks.common import compose, environment, finish, main_cache, ratio, row, start, tiny_dataset
 from rag.cache import ArtifactCache
 
 

@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from experiments.benchmarks.common import finish, pubmedqa_chunks, ratio, row, scratch_dir, start
+from benchmarks.common import finish, pubmedqa_chunks, ratio, row, scratch_dir, start
 
 
 def make_embedder(name: str = "minilm_torch", **overrides: Any) -> Any:
     """The embedder as a run builds it from `embedder=<name>` (composed, so a config that extends
     another works; progress bars off)."""
-    from experiments.benchmarks.common import compose
+    from benchmarks.common import compose
     from rag.session import create
 
     node = compose([f"embedder={name}"]).embedder

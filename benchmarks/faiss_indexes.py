@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments.benchmarks.common import (
+from benchmarks.common import (
     environment,
     finish,
     median,

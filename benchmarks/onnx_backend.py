@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.benchmarks.common import (
+from benchmarks.common import (
     environment,
     finish,
     main_cache,
@@ -33,7 +33,7 @@ from experiments.benchmarks.common import (
     scratch_dir,
     start,
 )
-from experiments.benchmarks.encoding import make_embedder
+from benchmarks.encoding import make_embedder
 from rag.cache import ArtifactCache
 
 VARIANTS = {"torch": "minilm_torch", "onnx": "minilm_onnx", "onnx_int8": "minilm_onnx_int8"}

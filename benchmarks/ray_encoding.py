@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments.benchmarks.common import finish, pubmedqa_chunks, ratio, row, scratch_dir, start
-from experiments.benchmarks.encoding import loaded_embedder, make_embedder, texts_facts, texts_note
+from benchmarks.common import finish, pubmedqa_chunks, ratio, row, scratch_dir, start
+from benchmarks.encoding import loaded_embedder, make_embedder, texts_facts, texts_note
 
 CORES = 2  # the worker node's CPUs: what the local side uses too (torch's default on this machine)
 # Node processes: small object stores (texts and vectors of a 2000-chunk run are ~5 MB).

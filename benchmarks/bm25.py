@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.benchmarks.common import (
+from benchmarks.common import (
     PeakSampler,
     environment,
     finish,
@@ -129,7 +129,7 @@ def bench_bm25(quick: bool = True, full: bool = False, sizes: tuple[int, ...] | 
                 kwargs = {"backend": backend, "corpus_file": str(corpus), "n_queries": n_queries,
                           "query_budget_s": 30.0 if backend == "rank_bm25" else 90.0}
                 if isolate:
-                    res = run_case("experiments.benchmarks.bm25", "bm25_case", kwargs)
+                    res = run_case("benchmarks.bm25", "bm25_case", kwargs)
                 else:
                     res = bm25_case(**kwargs)
                     res["in_process"] = True  # peak memory then includes earlier cases

@@ -8,7 +8,7 @@ encoding runs). `tiny=True` runs a seconds-long configuration for tests. A famil
 `overrides` gets the command line's Hydra overrides; one that takes `work_dir` gets
 <out>/<name> for its runs and caches.
 
-    python -m experiments.benchmarks [--full] [--only NAME ...] [--out outputs/bench/families] [-- OVERRIDES]
+    python -m benchmarks [--full] [--only NAME ...] [--out outputs/bench/families] [-- OVERRIDES]
 
 A family's module is imported when it is first looked up, so that running one family needs only
 that family's libraries (the generation family runs on a GPU machine that has no FAISS or Hydra).
@@ -20,20 +20,21 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 FAMILIES = {
-    "bm25": "experiments.benchmarks.bm25:bench_bm25",
-    "faiss": "experiments.benchmarks.faiss_indexes:bench_faiss",
-    "encoding": "experiments.benchmarks.encoding:bench_encoding",
-    "onnx": "experiments.benchmarks.onnx_backend:bench_onnx",
-    "end_to_end": "experiments.benchmarks.end_to_end:bench_end_to_end",
-    "scale": "experiments.benchmarks.scale:bench_scale",
-    "ray_encoding": "experiments.benchmarks.ray_encoding:bench_ray_encoding",  # skips, with its reason, without ray
-    "generation": "experiments.benchmarks.generation:bench_generation",
-    "serving": "experiments.benchmarks.serving:bench_serving",  # skips, with its reason, without the serving extra
-    "generation_speed": "experiments.benchmarks.generation_speed:bench_generation_speed",
-    "retrieval_latency": "experiments.benchmarks.retrieval_latency:bench_retrieval_latency",
-    "alpha_sweep": "experiments.benchmarks.sweeps:bench_alpha_sweep",
-    "grid_sweep": "experiments.benchmarks.sweeps:bench_grid_sweep",
-    "reranking": "experiments.benchmarks.reranking:bench_reranking",
+    "bm25": "benchmarks.bm25:bench_bm25",
+    "faiss": "benchmarks.faiss_indexes:bench_faiss",
+    "encoding": "benchmarks.encoding:bench_encoding",
+    "onnx": "benchmarks.onnx_backend:bench_onnx",
+    "end_to_end": "benchmarks.end_to_end:bench_end_to_end",
+    "scale": "benchmarks.scale:bench_scale",
+    "ray_encoding": "benchmarks.ray_encoding:bench_ray_encoding",  # skips, with its reason, without ray
+    "generation": "benchmarks.generation:bench_generation",
+    "serving": "benchmarks.serving:bench_serving",  # skips, with its reason, without the serving extra
+    "generation_speed": "benchmarks.generation_speed:bench_generation_speed",
+    "retrieval_latency": "benchmarks.retrieval_latency:bench_retrieval_latency",
+    "alpha_sweep": "benchmarks.sweeps:bench_alpha_sweep",
+    "grid_sweep": "benchmarks.sweeps:bench_grid_sweep",
+    "reranking": "benchmarks.reranking:bench_reranking",
+    "demo": "benchmarks.demo:bench_demo",
 }
 # Families a plain (quick) run leaves out, because the quick run must stay under 30 minutes on 2
 # cores: ray_encoding needs an optional extra and starts a cluster; generation loads the LLM on
@@ -42,9 +43,9 @@ FAMILIES = {
 # retrieval_latency embeds the whole `mixed` corpus when its vectors are not cached (~7 min);
 # reranking trains the cross-encoder when it is not cached (~4 min) and reranks 382 questions (~4 min).
 OPT_IN = {"ray_encoding", "generation", "serving", "retrieval_latency", "reranking"}
-# The sweep costs run only when named (--only), --full included: `make bench` runs them on their
-# own, into outputs/bench, before the families (outputs/bench/families).
-SWEEPS = {"alpha_sweep", "grid_sweep"}
+# The sweep costs and the demo's time run only when named (--only), --full included: `make bench`
+# runs them on their own, into outputs/bench, before the families (outputs/bench/families).
+SWEEPS = {"alpha_sweep", "grid_sweep", "demo"}
 
 
 class _Registry(Mapping[str, Callable[..., dict[str, Any]]]):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.benchmarks.common import (
+from benchmarks.common import (
     cold_cache,
     environment,
     finish,
