@@ -33,6 +33,7 @@ import pandas as pd
 
 from eval.stats import bootstrap_ci
 from experiments import charts as C
+from experiments import faults as F
 from experiments import metric_info as MI
 from experiments import panels as P
 from experiments import verdict as V
@@ -82,6 +83,8 @@ class Report:
     html: Path | None = None
     settings: ReportSettings = field(default_factory=ReportSettings)
     source: str = ""
+    faults: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, then questions per class (experiments.faults)
+    transitions: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> fixed / broken vs the baseline
 
     def moved_to(self, out_dir: Path) -> "Report":
         """This report after its files moved from the directory it was built in (a staging
@@ -382,6 +385,25 @@ def differences_markdown(rep: Report, k: Any) -> list[str]:
                 f"p={_p(r['p_holm'])} {r['marker']}").rstrip())
         lines.append(_md_row(cells))
     lines.append("")
+    if not rep.faults.empty:
+        lines += ["## Why: questions per fault class", "",
+                  "Each question's class, first match wins: retrieval miss (source document not in the top "
+                  f"{k}), ranking (retrieved, not first), generation miss (first, answer far from the truth), "
+                  "ungrounded answer (close to the truth, not to the contexts), correct "
+                  "(experiments/faults.py; answer thresholds: eval.tau_h).", ""]
+        lines += [_md_row(["run"] + [F.WORDS[c] for c in F.CLASSES]), "|" + "---|" * (len(F.CLASSES) + 1)]
+        for _, r in rep.faults.iterrows():
+            lines.append(_md_row([str(r["run"])] + [str(int(r[c])) for c in F.CLASSES]))
+        lines.append("")
+        if rep.transitions:
+            lines += [f"Against the baseline ({rep.baseline}), on the questions both classify (a question only "
+                      "one of them answered is classed by retrieval in both):", ""]
+            lines += [_md_row(["run", "questions", "fixed", "broken", "fixed ids (first 10)", "broken ids (first 10)"]),
+                      "|---|---|---|---|---|---|"]
+            for lab, t in rep.transitions.items():
+                lines.append(_md_row([lab, str(t["shared"]), F.fixed_words(t), F.broken_words(t),
+                                      ", ".join(t["ids"]["fixed"][:10]), ", ".join(t["ids"]["broken"][:10])]))
+            lines.append("")
     if "wins" in cmp:
         lines += [f"## Win / tie / loss vs baseline ({rep.baseline})", "",
                   "Questions on which the run does better / the same / worse than the baseline (for ↓ metrics, "
@@ -453,4 +475,23 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
                   "n": int(row.get(f"{objective}_n", 0) or 0)}
     runs = [lab for i, lab in enumerate(labels) if records[i].ok and i != base]
     rep.verdict = V.verdict_text(cmp, baseline_label, runs, k, objective, single)
+    _fault_analysis(rep, records, labels, base)
     return rep
+
+
+def _fault_analysis(rep: Report, records: list[RunRecord], labels: list[str], base: int | None) -> None:
+    """Questions per fault class for every run, what each run fixes and breaks against the
+    baseline, and one sentence of it in the verdict (experiments.faults)."""
+    rows = [{"run": labels[i], **F.counts(rec)} for i, rec in enumerate(records) if rec.ok]
+    rep.faults = pd.DataFrame([r for r in rows if sum(r[c] for c in F.CLASSES)])
+    if base is None or rep.faults.empty:
+        return
+    for i, rec in enumerate(records):
+        if rec.ok and i != base:
+            t = F.transitions(records[base], rec)
+            if t["shared"]:
+                rep.transitions[labels[i]] = t
+    if rep.transitions:
+        said = "; ".join(F.sentence(lab, t) for lab, t in rep.transitions.items())
+        rep.verdict += (f" Question by question against {labels[base]} (by the source document's rank in the "
+                        f"top {rep.k}, and the answer where both answered): {said}.")
