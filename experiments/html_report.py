@@ -206,8 +206,15 @@ def question_data(rep: Report, records: list[RunRecord], max_chars: int,
     metrics, answer, ranked contexts (with their matching span) and the contexts given to the LLM."""
     from experiments.verdict import question_values
 
+    from experiments import faults as F
+
     ok = [(i, r) for i, r in enumerate(records) if r.ok]
     metrics = rep.metrics
+    ok_labels = [str(lab) for lab, st in zip(rep.frame["label"], rep.frame["status"]) if st == "ok"] \
+        if not rep.frame.empty else []
+    taus = [F.tau_of(rec) for _, rec in ok]
+    moved = [{**{q: 1 for q in t["ids"]["fixed"]}, **{q: -1 for q in t["ids"]["broken"]}}
+             for t in (rep.transitions.get(lab, {"ids": {"fixed": [], "broken": []}}) for lab in ok_labels)]
     questions: dict[str, dict[str, Any]] = {}
     per_run: list[dict[str, dict[str, Any]]] = []
     for _, rec in ok:
@@ -266,11 +273,15 @@ def question_data(rep: Report, records: list[RunRecord], max_chars: int,
                 ctx.append([c.get("label") or "", strings(text), hs, he])
             lat = r.get("latency_ms") if isinstance(r.get("latency_ms"), dict) else {}
             values = [_num(latency[j].get(qid)) if m == MI.LATENCY else _num(r.get(m)) for m in metrics]
+            fault = F.classify(r, taus[j])
             runs.append({"m": values, "a": strings(r["answer"]) if isinstance(r.get("answer"), str) else -1,
-                         "lat": {k: _num(v, 1) for k, v in lat.items()}, "r": ret, "x": ctx})
+                         "lat": {k: _num(v, 1) for k, v in lat.items()}, "r": ret, "x": ctx,
+                         "f": F.CLASSES.index(fault) if fault else -1,
+                         "t": moved[j].get(qid, 0) if j < len(moved) else 0})
         out_questions.append({**q, "s": source_label(q["sid"]), "r": runs})
     doc_ids = {e.get("doc_id") for rows in per_run for r in rows.values() for e in r.get("retrieved") or []}
     return {"questions": out_questions, "strings": strings.values, "labels": [json.loads(x) for x in labels.values],
+            "fault_classes": [F.WORDS[c] for c in F.CLASSES],
             "context_limit": limit,
             "docs": {d: source_label(d) for d in sorted(doc_ids - {None}) if source_label(d) != d}}
 

@@ -4,6 +4,7 @@ axis (latency in ms beside 0–1 scores). Lower-is-better metrics carry their �
 
 - version_chart: a bar per variant/run (mean, 95% CI whisker, value, ▲/▼ vs the baseline);
 - corpus_chart: per question corpus, a bar per run;
+- win_tie_loss_chart: per metric, each run's questions won, tied and lost against the baseline;
 - run_chart: one run, overall and per corpus (for run trackers).
 """
 from __future__ import annotations
@@ -163,6 +164,51 @@ def corpus_chart(
     note = "bar: mean over the corpus's questions; whisker: 95% CI"
     if any(MI.lower_is_better(m) for m in metrics):
         note += f"; {MI.LOWER_NOTE}"
+    fig.supxlabel(note, fontsize=8)
+    return save(fig, out_dir, name, formats)
+
+
+def win_tie_loss_chart(comparison: pd.DataFrame, metrics: list[str], out_dir: Path, baseline: str | None,
+                       k: Any = "k", formats: Iterable[str] = FORMATS, name: str = "win_tie_loss") -> list[Path]:
+    """One panel per metric, one stacked bar per run: the share of the shared questions on which
+    it beats the baseline, ties and loses (experiments.verdict.win_tie_loss), counts on the bars."""
+    if comparison.empty or "wins" not in comparison:
+        return []
+    metrics = [m for m in metrics if m in set(comparison["metric"])]
+    runs = list(dict.fromkeys(comparison["label"].astype(str)))
+    if not metrics or not runs:
+        return []
+    cells = comparison.set_index(["label", "metric"])
+    ncols = min(len(metrics), 3)
+    nrows = math.ceil(len(metrics) / ncols)
+    fig = _new_figure(2.4 + 3.1 * ncols, 1.3 + nrows * (0.7 + 0.32 * len(runs)))
+    axes = _panel_grid(fig, len(metrics), ncols)
+    parts = (("wins", "win", "0.35", "///"), ("ties", "tie", "0.85", ""), ("losses", "loss", "0.6", "..."))
+    for idx, (ax, m) in enumerate(zip(axes, metrics)):
+        pos = np.arange(len(runs))[::-1].astype(float)
+        left = np.zeros(len(runs))
+        for col, word, shade, hatch in parts:
+            counts = np.array([float(cells[col].get((r, m), np.nan)) for r in runs])
+            total = np.array([float(sum(cells[c].get((r, m), 0) for c, *_ in parts)) for r in runs])
+            share = np.nan_to_num(counts / np.where(total > 0, total, np.nan))
+            ax.barh(pos, share, 0.6, left=left, color=shade, edgecolor="black", linewidth=0.5, hatch=hatch,
+                    label=word if idx == 0 else None)
+            for y, x0, w, n in zip(pos, left, share, counts):
+                if w >= 0.08 and np.isfinite(n):
+                    ax.text(x0 + w / 2, y, f"{int(n)}", va="center", ha="center", fontsize=7,
+                            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+            left = left + share
+        ax.set_xlim(0, 1)
+        ax.set_xticks([0, 0.5, 1.0], ["0", "½", "all"])
+        ax.set_yticks(pos, runs if idx % ncols == 0 else [])
+        ax.set_title("\n".join(textwrap.wrap(metric_label(m, k), 26)), fontsize=9.5)
+        ax.grid(axis="x", linewidth=0.4, alpha=0.6)
+        ax.set_axisbelow(True)
+    fig.legend(loc="outside right upper", fontsize=7.5)
+    fig.suptitle(f"Questions won, tied and lost against {baseline or 'the baseline'}", fontsize=11)
+    note = "share of the questions both runs share; the number on a bar counts them"
+    if any(MI.lower_is_better(m) for m in metrics):
+        note += f"; {MI.LOWER_NOTE} (a lower value wins)"
     fig.supxlabel(note, fontsize=8)
     return save(fig, out_dir, name, formats)
 

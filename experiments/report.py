@@ -240,6 +240,7 @@ def make_charts(rep: Report, out_dir: Path, formats: tuple[str, ...]) -> list[Pa
         paths += C.latency_chart(frame, out_dir, k=k, group_col=group, formats=formats)
     if not rep.by_corpus.empty and rep.by_corpus["corpus"].nunique() >= 2:
         paths += P.corpus_chart(rep.by_corpus, rep.headline(), out_dir, k=k, formats=formats)
+    paths += P.win_tie_loss_chart(rep.comparison, rep.headline(), out_dir, rep.baseline, k=k, formats=formats)
     return paths
 
 

@@ -116,6 +116,25 @@ def test_filters_sorting_and_a_question_side_by_side(sweep, driver, tmp_path):
     Select(driver.find_element("id", "f-outcome")).select_by_value("")
     Select(driver.find_element("id", "f-run")).select_by_value("")
 
+    # by fault class (experiments/faults.py) for v2, and the questions v2 fixes against v1
+    from experiments.aggregate import load_run
+    from experiments.faults import CLASSES, classify, transitions
+
+    v1, v2 = load_run(sweep / "0"), load_run(sweep / "1")
+    classes = {r["id"]: classify(r) for r in v2.per_question()}
+    Select(driver.find_element("id", "f-run")).select_by_visible_text("v2")
+    for i, c in enumerate(CLASSES):
+        Select(driver.find_element("id", "f-class")).select_by_value(str(i))
+        shown = {r.find_element("css selector", "td").text for r in visible_rows(driver)}
+        assert shown == {q for q, k in classes.items() if k == c}, (c, shown)
+    Select(driver.find_element("id", "f-class")).select_by_value("")
+    Select(driver.find_element("id", "f-trans")).select_by_value("1")
+    shown = {r.find_element("css selector", "td").text for r in visible_rows(driver)}
+    assert shown == set(transitions(v1, v2)["ids"]["fixed"])
+    Select(driver.find_element("id", "f-trans")).select_by_value("")
+    Select(driver.find_element("id", "f-run")).select_by_value("")
+    assert len(visible_rows(driver)) == len(TINY_QA)
+
     # sort by v2's MRR, descending on the second click
     header = [th for th in driver.find_elements("css selector", "#qtable thead th") if th.text.startswith("v2 ·")][0]
     header.click()

@@ -283,8 +283,12 @@ def test_version_chart_for_variants_and_configurable_baseline(tmp_path):
     rep = build_report(load_records([tmp_path / "day2", tmp_path / "day1"]), out, ReportSettings(baseline="v2"))
     assert rep.varying == ["variant"] and rep.baseline == "v2"
     assert list(rep.frame["label"]) == ["v3", "v1", "v2"]
-    assert {p.name for p in rep.charts} >= {"version_comparison.png", "version_comparison.svg", "latency_quality.png"}
+    assert {p.name for p in rep.charts} >= {"version_comparison.png", "version_comparison.svg", "latency_quality.png",
+                                            "win_tie_loss.png", "win_tie_loss.svg"}
     assert_valid_png(out / "charts" / "version_comparison.png")
+    assert_valid_png(out / "charts" / "win_tie_loss.png")
+    svg = (out / "charts" / "win_tie_loss.svg").read_text()
+    assert "Questions won, tied and lost against v2" in svg
     cmp = rep.comparison.set_index(["label", "metric"])
     assert cmp.loc[("v1", "mrr"), "marker"] == "▼" and cmp.loc[("v3", "mrr"), "marker"] == "▲"
     # default baseline: v1 when present

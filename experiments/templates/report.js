@@ -38,7 +38,9 @@
     $("f-metric-a").value = state.a; $("f-metric-b").value = state.b;
     R.forEach(function (r, i) { if (i !== BASE) $("f-run").appendChild(option(i, r)); });
     if (BASE < 0) { document.querySelector(".wl").style.display = "none"; }
-    ["f-corpus", "f-run", "f-outcome"].forEach(function (id) { $(id).addEventListener("change", applyFilters); });
+    (D.fault_classes || []).forEach(function (c, i) { $("f-class").appendChild(option(i, c)); });
+    if (BASE < 0) { $("f-trans").parentNode.style.display = "none"; }
+    ["f-corpus", "f-run", "f-outcome", "f-class", "f-trans"].forEach(function (id) { $(id).addEventListener("change", applyFilters); });
     $("f-text").addEventListener("input", applyFilters);
     $("f-metric-a").addEventListener("change", function () { state.a = +this.value; renderTable(); });
     $("f-metric-b").addEventListener("change", function () { state.b = +this.value; renderTable(); });
@@ -100,10 +102,16 @@
     var corpus = $("f-corpus").value, text = $("f-text").value.trim().toLowerCase();
     if (corpus && q.c !== corpus) return false;
     if (text && (q.id + "\n" + q.q + "\n" + q.g).toLowerCase().indexOf(text) < 0) return false;
-    var run = $("f-run").value, want = $("f-outcome").value;
-    if (run === "" && want === "") return true;
-    var runs = run === "" ? R.map(function (_, i) { return i; }).filter(function (i) { return i !== BASE; }) : [+run];
+    var run = $("f-run").value, want = $("f-outcome").value, cls = $("f-class").value, trans = $("f-trans").value;
+    if (run === "" && want === "" && cls === "" && trans === "") return true;
+    // The fault class and the change (fixed/broken against the baseline) apply to the run chosen
+    // under "Questions where", or to any run; the class also to the baseline.
+    var runs = run === "" ? R.map(function (_, i) { return i; }).filter(function (i) { return i !== BASE || want === "" && trans === ""; }) : [+run];
     return runs.some(function (r) {
+      var x = q.r[r];
+      if (cls !== "" && !(x && x.f === +cls)) return false;
+      if (trans !== "" && !(x && x.t === +trans)) return false;
+      if (want === "") return true;
       var o = outcome(q, r, state.a);
       if (o === null) return false;
       return want === "win" ? o === 1 : want === "lose" ? o === -1 : want === "tie" ? o === 0 : o !== 0;
