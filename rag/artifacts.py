@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from rag.bm25 import BM25Index
 from rag.cache import ArtifactCache, make_key
-from rag.corpus.slicing import check_questions, check_unique_ids, content_fingerprint
+from rag.corpus.slicing import check_unique_ids, content_fingerprint
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 from rag.index import VectorIndex
 from rag.llm import NoGenerator
@@ -117,8 +117,7 @@ class Artifacts:
         if found is not None:
             return found
         docs, skipped = load_corpus(corpus, self.cache)
-        qa = questions.load()
-        check_questions(qa, docs)
+        qa = questions.load()  # checked against the corpus in rag/preflight.py
         return self.cache.memory.put("inputs", memo_key, (docs, skipped, qa))
 
     # -- chunks --------------------------------------------------------------------------------

@@ -15,9 +15,8 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from eval.labels import LABEL_METRICS
-from eval.scoring import ANSWER_METRICS, SIMILARITY_METRICS, ScoreSettings
-from rag import latency
+from eval.scoring import ANSWER_METRICS, ScoreSettings
+from rag import latency, preflight
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache
 from rag.chunker.token import TokenChunker
@@ -153,11 +152,9 @@ def open_session(cfg: DictConfig, askers: list[Asker] = ()) -> Session:
     with timer.stage("corpus"):
         all_docs, skipped, all_qa = artifacts.inputs(parts.corpus, parts.questions)
         qa = slice_questions(all_qa, cfg.slice.questions_per_corpus, cfg.slice.seed)
-        check_objective_applies(cfg.objective, qa)
         docs = slice_documents(all_docs, qa, cfg.slice.docs_per_source, cfg.slice.seed)
-        check_document_sizes(docs, cfg.max_doc_chars)
-        parts.retriever.check_filters([(f"question {q.id!r}", q.corpus, q.source) for q in qa] + list(askers), docs)
-        parts.reranker.check_questions(qa)
+        preflight.run(cfg.objective, all_qa, all_docs, qa, docs, cfg.max_doc_chars, parts.retriever, parts.reranker,
+                      askers)
 
     with timer.stage("chunk"):
         chunk_set = artifacts.chunks(parts.chunker, container(cfg.chunker), docs)
@@ -226,27 +223,3 @@ def check_objective(objective: str, settings: ScoreSettings, generator: Any) -> 
         raise RagError(f"objective {objective!r} is not among the reported metrics {list(settings.metrics)}")
     if objective in ANSWER_METRICS and isinstance(generator, NoGenerator):
         raise RagError(f"objective {objective!r} needs generated answers, but llm=none")
-
-
-def check_objective_applies(objective: str, qa: list[QAItem]) -> None:
-    """A question set without answers (BEIR), sources or labels cannot score the metrics that
-    need them; an objective among those would come back empty after all the work."""
-    needs = {m: ("a ground-truth answer", lambda q: q.answer is not None) for m in SIMILARITY_METRICS + ANSWER_METRICS}
-    needs.update({m: ("a source document", lambda q: q.source is not None) for m in ("hit_at_k_id", "mrr_id")})
-    needs.update({m: ("a positive relevance label", lambda q: any(r.grade > 0 for r in q.labels)) for m in LABEL_METRICS})
-    if objective in needs and not any(needs[objective][1](q) for q in qa):
-        raise RagError(f"objective {objective!r} needs questions with {needs[objective][0]}, and no question has one; "
-                       "choose another objective (e.g. objective=ndcg_at_k)")
-
-
-def check_document_sizes(docs: list[Document], max_chars: int | None) -> None:
-    """A single giant document (a 50 MB log pasted as one record) would silently dominate time
-    and the index; it is far more often a mistake than a wish, so it stops the run up front."""
-    if max_chars is None:
-        return
-    for d in docs:
-        if len(d.text) > max_chars:
-            raise RagError(
-                f"document {d.id!r} is {len(d.text):,} characters, over max_doc_chars ({max_chars:,}); "
-                "split it or raise max_doc_chars"
-            )

@@ -34,34 +34,6 @@ def _stable_order(ids: list[str], seed: int) -> list[str]:
     return sorted(ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
 
 
-def check_questions(qa: list[QAItem], docs: list[Document]) -> None:
-    if not qa:
-        raise RagError("qa: the question set is empty")
-    check_unique_ids([q.id for q in qa], "qa")
-    known = {d.id for d in docs}
-    missing = [q for q in qa if q.source is not None and q.source not in known]
-    if missing:
-        first = missing[0]
-        raise RagError(
-            f"qa: question {first.id!r} names source {first.source!r}, which is not a document of the corpus"
-            + (f" ({len(missing) - 1} more questions have the same problem)" if len(missing) > 1 else "")
-        )
-    check_labels(qa, {d.id: len(d.text) for d in docs})
-
-
-def check_labels(qa: list[QAItem], doc_lengths: dict[str, int]) -> None:
-    """Every relevance label names a document of the corpus, and its span lies inside the text."""
-    for q in qa:
-        for r in q.relevant:
-            if r.doc not in doc_lengths:
-                raise RagError(f"qa: question {q.id!r} labels document {r.doc!r}, which is not a document of the corpus")
-            if r.span is not None and r.span[1] > doc_lengths[r.doc]:
-                raise RagError(
-                    f"qa: question {q.id!r} labels span {list(r.span)} of {r.doc!r}, "
-                    f"past the end of its text ({doc_lengths[r.doc]} characters)"
-                )
-
-
 def slice_questions(qa: list[QAItem], per_corpus: int | None, seed: int) -> list[QAItem]:
     """At most `per_corpus` questions of each corpus tag, chosen by a stable hash order."""
     if per_corpus is None:
