@@ -76,7 +76,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
         records, aggregates = score(
             session.qa, ranked.hits, session.chunk_set.chunks, session.eval_embedder, session.settings, out.answers,
             eval_chunk_vectors(session), context_texts=[[c.text for c in ctx] for ctx in contexts],
-            memory=session.cache.memory,
+            memory=session.cache.memory, store=session.cache,
         )
     judge_stats = run_judge(session, records, aggregates, out.answers, contexts) if session.judge is not None else None
     add_details(records, ranked, out, contexts)

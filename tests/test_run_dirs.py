@@ -240,6 +240,7 @@ def test_two_sweeps_and_an_ask_on_one_cold_cache_build_each_artifact_once_and_ag
 
     assert metrics(tmp_path / "a" / "0") == metrics(tmp_path / "b" / "1")  # alpha 0.3
     assert metrics(tmp_path / "a" / "1") == metrics(tmp_path / "b" / "0")  # alpha 0.7
-    entries = sorted(m.parent.parent.name for m in cache.glob("*/*/manifest.json"))
+    entries = sorted(m.parent.parent.name for m in cache.glob("*/*/manifest.json") if m.parent.parent.name != "eval_vectors")
     assert entries == ["bm25", "chunks", "corpus", "index", "vectors"], entries  # alpha shares them all
+    assert list(cache.glob("eval_vectors/*/manifest.json"))  # what scoring encoded, per run's texts
     assert not list(cache.rglob("tmp-*"))
