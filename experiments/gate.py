@@ -29,10 +29,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from experiments import metric_info as MI
-from experiments.stats import paired_bootstrap
+from experiments.stats import has_value, paired_bootstrap, shared_ids
 from rag.types import RagError
 
 TESTS = ("non-inferiority", "superiority")
@@ -86,15 +85,11 @@ def gate(baseline: Mapping[str, float | None], candidate: Mapping[str, float | N
     sign = -1.0 if lower else 1.0
     oriented_low = min(sign * d.ci_low, sign * d.ci_high)  # the worse end, positive = better
     margin = -float(min_effect) if test == "non-inferiority" else float(min_effect)
-    ids = [i for i in baseline.keys() & candidate.keys() if _valid(baseline[i]) and _valid(candidate[i])]
+    ids = shared_ids(baseline, candidate)
     mean = lambda m: sum(float(m[i]) for i in ids) / len(ids)  # noqa: E731
     return GateResult(test, metric, float(min_effect), bool(oriented_low > margin), d.n, mean(baseline),
                       mean(candidate), d.mean_diff, d.ci_low, d.ci_high, confidence, d.p_value, lower,
                       oriented_low, margin)
-
-
-def _valid(v: Any) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
 # ---- inputs ------------------------------------------------------------------------------------
@@ -112,7 +107,7 @@ def run_values(path: Path, metric: str) -> dict[str, float | None]:
     from experiments.verdict import question_values
 
     values = question_values(rec, metric)
-    if not any(_valid(v) for v in values.values()):
+    if not any(has_value(v) for v in values.values()):
         have = sorted(rec.result.metrics) if rec.result else []
         raise RagError(f"{path}: no per-question values of metric {metric!r}; this run has: {', '.join(have)}")
     return values

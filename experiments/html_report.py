@@ -204,17 +204,14 @@ def question_data(rep: Report, records: list[RunRecord], max_chars: int,
                   budget: int = TEXT_BUDGET_CHARS) -> dict[str, Any]:
     """Questions (union over the successful runs, in order of first appearance) with, per run, the
     metrics, answer, ranked contexts (with their matching span) and the contexts given to the LLM."""
-    from experiments.verdict import question_values
-
     from experiments import faults as F
+    from experiments.verdict import question_values
 
     ok = [(i, r) for i, r in enumerate(records) if r.ok]
     metrics = rep.metrics
-    ok_labels = [str(lab) for lab, st in zip(rep.frame["label"], rep.frame["status"]) if st == "ok"] \
-        if not rep.frame.empty else []
-    taus = [F.tau_of(rec) for _, rec in ok]
+    classes = [F.run_classes(rec) for _, rec in ok]
     moved = [{**{q: 1 for q in t["ids"]["fixed"]}, **{q: -1 for q in t["ids"]["broken"]}}
-             for t in (rep.transitions.get(lab, {"ids": {"fixed": [], "broken": []}}) for lab in ok_labels)]
+             for t in (rep.transitions.get(lab, {"ids": {"fixed": [], "broken": []}}) for lab in rep.ok_labels)]
     questions: dict[str, dict[str, Any]] = {}
     per_run: list[dict[str, dict[str, Any]]] = []
     for _, rec in ok:
@@ -273,7 +270,7 @@ def question_data(rep: Report, records: list[RunRecord], max_chars: int,
                 ctx.append([c.get("label") or "", strings(text), hs, he])
             lat = r.get("latency_ms") if isinstance(r.get("latency_ms"), dict) else {}
             values = [_num(latency[j].get(qid)) if m == MI.LATENCY else _num(r.get(m)) for m in metrics]
-            fault = F.classify(r, taus[j])
+            fault = classes[j].get(qid)
             runs.append({"m": values, "a": strings(r["answer"]) if isinstance(r.get("answer"), str) else -1,
                          "lat": {k: _num(v, 1) for k, v in lat.items()}, "r": ret, "x": ctx,
                          "f": F.CLASSES.index(fault) if fault else -1,
@@ -425,8 +422,7 @@ def render_html(rep: Report, records: list[RunRecord]) -> str:
 
     k = rep.k
     tau_recall, tau_h = _thresholds(records)
-    ok_labels = [str(lab) for lab, st in zip(rep.frame["label"], rep.frame["status"]) if st == "ok"] \
-        if not rep.frame.empty else []
+    ok_labels = rep.ok_labels
     metric_meta = [{**MI.describe(m, k, tau_recall, tau_h), "short": MI.label(m, k)} for m in rep.metrics]
     key = headline_metrics(rep.objective, rep.metrics, 3)
     budget = TEXT_BUDGET_CHARS

@@ -103,6 +103,13 @@ class Report:
         return out + ([self.html] if self.html else []) + list(self.charts)
 
     @property
+    def ok_labels(self) -> list[str]:
+        """The labels of the successful runs, in the frame's order."""
+        if self.frame.empty:
+            return []
+        return [str(lab) for lab, st in zip(self.frame["label"], self.frame["status"]) if st == "ok"]
+
+    @property
     def quality_metrics(self) -> list[str]:
         """The compared metrics on a 0–1-like scale (the derived latency has its own charts)."""
         return [m for m in self.metrics if m != MI.LATENCY]

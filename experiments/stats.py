@@ -78,8 +78,14 @@ def _resampled_means(d: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
     return out
 
 
-def _valid(v: object) -> bool:
+def has_value(v: object) -> bool:
+    """A per-question value that was scored (None and NaN mean "not scored")."""
     return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def shared_ids(baseline: Mapping[str, object], other: Mapping[str, object]) -> list[str]:
+    """The question ids both map to a scored value, sorted: what every paired comparison is over."""
+    return sorted(k for k in baseline.keys() & other.keys() if has_value(baseline[k]) and has_value(other[k]))
 
 
 def sign_flip_p_value(d: np.ndarray, permutations: int = PERMUTATIONS, seed: int = 0) -> float:
@@ -126,7 +132,7 @@ def paired_bootstrap(
 
     `baseline` and `other` map question id -> per-question metric value (None/NaN = not scored).
     """
-    ids = sorted(k for k in baseline.keys() & other.keys() if _valid(baseline[k]) and _valid(other[k]))
+    ids = shared_ids(baseline, other)
     n = len(ids)
     if n == 0:
         nan = float("nan")

@@ -18,7 +18,7 @@ import pandas as pd
 
 from experiments import metric_info as MI
 from experiments.aggregate import RunRecord
-from experiments.stats import PERMUTATIONS, holm, min_detectable_effect, paired_bootstrap
+from experiments.stats import PERMUTATIONS, has_value, holm, min_detectable_effect, paired_bootstrap, shared_ids
 
 ALPHA = 0.05
 POWER = 0.8
@@ -104,10 +104,8 @@ def win_tie_loss(baseline: Mapping[str, float | None], other: Mapping[str, float
     """Questions on which `other` is better than the baseline, equal, and worse (in the metric's
     own direction: fewer hallucinations win), over the questions both have a value for."""
     wins = ties = losses = 0
-    for q in baseline.keys() & other.keys():
+    for q in shared_ids(baseline, other):
         a, b = baseline[q], other[q]
-        if a is None or b is None or (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
-            continue
         d = float(b) - float(a)
         if abs(d) <= 1e-9 * max(1.0, abs(float(a))):
             ties += 1
@@ -119,7 +117,7 @@ def win_tie_loss(baseline: Mapping[str, float | None], other: Mapping[str, float
 
 
 def _count(values: Mapping[str, float | None]) -> int:
-    return sum(1 for v in values.values() if v is not None and not (isinstance(v, float) and math.isnan(v)))
+    return sum(1 for v in values.values() if has_value(v))
 
 
 def mde_table(table: Any, baseline: RunRecord | None, metrics: list[str], alpha: float, n_tests: int,
@@ -141,7 +139,7 @@ def mde_table(table: Any, baseline: RunRecord | None, metrics: list[str], alpha:
                 sd, n, basis = float(np.median(sds)), int(np.median(cells["n"])), "paired"
         if basis == "" and baseline is not None:
             vals = base_vals[m] if base_vals else question_values(baseline, m)
-            v = np.array([x for x in vals.values() if x is not None and not (isinstance(x, float) and math.isnan(x))], float)
+            v = np.array([x for x in vals.values() if has_value(x)], float)
             if len(v) >= 2:
                 sd, n, basis = float(v.std(ddof=1)) * math.sqrt(2), len(v), "unpaired (baseline spread)"
         rows.append({"metric": m, "sd_diff": sd, "n": n, "basis": basis,
@@ -270,7 +268,7 @@ def headline_metrics(objective: str, metrics: list[str], limit: int = MAX_HEADLI
 
 def _term_cell(row: Mapping[str, Any], m: str, marker: str) -> str:
     v = row.get(m)
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if not has_value(v):
         return "–"
     d = max(MI.info(m).decimals - 1, 0)
     lo, hi = row.get(f"{m}_ci_low"), row.get(f"{m}_ci_high")

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from eval.scoring import ANSWER_METRICS, ScoreSettings
 from rag import latency, preflight
+from rag.preflight import Asker
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache
 from rag.chunker.token import TokenChunker
@@ -31,8 +32,6 @@ from rag.timing import StageTimer
 from rag.types import Document, QAItem, RagError
 
 log = logging.getLogger(__name__)
-
-Asker = tuple[str, "str | None", "str | None"]  # (who, corpus tag, id of the answer's document)
 
 
 def create(node: Any, **kwargs: Any) -> Any:

@@ -21,14 +21,10 @@ import numpy as np
 
 from rag.cache import ArtifactCache, make_key
 from rag.models import model_fingerprint
+from rag.onnx_runtime import export_module, session_options
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
-
-# Importing onnxruntime (1.32) writes a device id and a usage database under ~/.cache/Microsoft;
-# a run writes only to its output and cache directories (tests/test_safety.py), so that is off
-# unless the user sets the variable themselves.
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 ONNX_FILE = "model.onnx"
 ONNX_META = "ragrig_onnx.json"
@@ -100,9 +96,6 @@ def embedding_dim(model: Any) -> int:
 def _export_float(path: str, tmp: Path) -> dict[str, Any]:
     """Traces the whole sentence-transformers module chain (transformer, pooling, dense,
     normalize) into one graph: token ids in, sentence embedding out."""
-    import warnings
-
-    import torch
     from sentence_transformers import SentenceTransformer
 
     try:
@@ -114,27 +107,7 @@ def _export_float(path: str, tmp: Path) -> dict[str, Any]:
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in tokenizer.model_input_names]
     max_len = int(st.max_seq_length)
     enc = tokenizer(_CHECK_TEXTS[:2], padding=True, truncation="longest_first", max_length=max_len, return_tensors="pt")
-    # The example batch must be padded: a batch without padding lets transformers drop the mask,
-    # and the trace would keep that shortcut for every batch.
-    assert bool((enc["attention_mask"] == 0).any()), "the tracing batch must contain padding"
-
-    class Graph(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.st = st
-
-        def forward(self, *inputs: Any) -> Any:
-            return self.st(dict(zip(names, inputs)))["sentence_embedding"]
-
-    axes = {n: {0: "batch", 1: "sequence"} for n in names}
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            Graph().eval(), tuple(enc[n] for n in names), str(tmp / ONNX_FILE),
-            input_names=names, output_names=["sentence_embedding"],
-            dynamic_axes={**axes, "sentence_embedding": {0: "batch"}},
-            opset_version=ONNX_OPSET, dynamo=False,
-        )
+    export_module(st, enc, names, "sentence_embedding", tmp / ONNX_FILE, ONNX_OPSET)
     tokenizer.save_pretrained(str(tmp))
     meta = {
         "source": path,
@@ -208,10 +181,7 @@ class OnnxSentenceEncoder:
         self.quantize = meta.get("quantize")
         self.check_min_cosine = float(meta.get("check_min_cosine", 0.0)) if self.quantize is None else 0.0
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        opts = ort.SessionOptions()
-        threads = os.environ.get("OMP_NUM_THREADS", "")
-        if threads.isdigit() and int(threads) > 0:  # a sweep that limits threads per job limits these too
-            opts.intra_op_num_threads = int(threads)
+        opts = session_options()
         providers = ["CPUExecutionProvider"]
         if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")

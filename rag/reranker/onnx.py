@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,8 @@ import numpy as np
 
 from rag.cache import ArtifactCache, make_key
 from rag.models import model_fingerprint
+from rag.onnx_runtime import export_module, session_options
 from rag.types import RagError
-
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # see rag/embedder/onnx.py
 
 KIND = "onnx_cross_encoder"
 ONNX_FILE = "model.onnx"
@@ -62,27 +60,10 @@ def _features(model: Any, pairs: list[tuple[str, str]]) -> dict[str, Any]:
 
 
 def _export(model: Any, tmp: Path) -> dict[str, Any]:
-    import torch
-
     model.eval()
     enc = _features(model, _CHECK_PAIRS[:2])
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in enc]
-    assert bool((enc["attention_mask"] == 0).any()), "the tracing batch must contain padding"
-
-    class Graph(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ce = model
-
-        def forward(self, *inputs: Any) -> Any:
-            return self.ce(dict(zip(names, inputs)))["scores"]
-
-    axes = {n: {0: "batch", 1: "sequence"} for n in names}
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Graph().eval(), tuple(enc[n] for n in names), str(tmp / ONNX_FILE),
-                          input_names=names, output_names=["scores"], dynamic_axes={**axes, "scores": {0: "batch"}},
-                          opset_version=OPSET, dynamo=False)
+    export_module(model, enc, names, "scores", tmp / ONNX_FILE, OPSET)
     (tmp / META).write_text(json.dumps({"inputs": names, "output": "scores"}, indent=2))
     from rag.reranker.logits import predict_logits
 
@@ -105,11 +86,8 @@ class OnnxScorer:
         meta = json.loads((model_dir / META).read_text())
         self.input_names: list[str] = list(meta["inputs"])
         self.output_name: str = meta["output"]
-        opts = ort.SessionOptions()
-        threads = os.environ.get("OMP_NUM_THREADS", "")
-        if threads.isdigit() and int(threads) > 0:
-            opts.intra_op_num_threads = int(threads)
-        self.session = ort.InferenceSession(str(model_dir / ONNX_FILE), opts, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(model_dir / ONNX_FILE), session_options(),
+                                            providers=["CPUExecutionProvider"])
 
     def logits(self, model: Any, pairs: list[tuple[str, str]]) -> np.ndarray:
         """The relevance logit of each pair, as one batch (tokenized by `model`, the CrossEncoder)."""
