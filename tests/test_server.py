@@ -121,7 +121,8 @@ def test_real_server_errors_are_one_line(server, model):
     ctx = [[Context("Paris is the capital of France.")]]
     cases = [
         (server.base_url.removesuffix("/v1"), model["folder"], r"HTTP 404: Not Found - wrong llm.base_url"),
-        (server.base_url, "no-such-model", r"HTTP 400: Server is pinned to .*requested 'no-such-model'"),
+        # The pinned server lists its one model, so the check before any request names the mismatch.
+        (server.base_url, "no-such-model", r"does not serve model 'no-such-model' \(llm.model\); it serves: "),
         (f"http://127.0.0.1:{free_port()}/v1", model["folder"], r"connection refused\) - is the server running"),
     ]
     for base_url, name, pattern in cases:
