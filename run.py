@@ -81,6 +81,7 @@ def main(cfg: DictConfig) -> float:
     from rag.output import format_table
     from rag.cache import storage_fault
     from rag.pipeline import run
+    from rag.settings import load
     from rag.types import RagError
 
     _quiet_loaders()
@@ -102,7 +103,8 @@ def main(cfg: DictConfig) -> float:
             return float("nan")
         sys.exit(2)
     try:
-        result = run(cfg, output_dir)
+        # The door: the composed config becomes typed, checked settings; nothing below reads cfg.
+        result = run(load(cfg), output_dir)
     except Exception as e:
         if multirun:
             # Record the failure and let the other jobs of the sweep run.

@@ -96,7 +96,7 @@ def check_setup(out: Path, overrides: list[str]) -> str | None:
         return None
     from benchmarks.common import compose
     from rag.config import config_error_line, is_config_error
-    from rag.schema import validate
+    from rag.settings import validate
     from rag.types import RagError
 
     try:

@@ -43,9 +43,10 @@ def v3_prompts(n_per_corpus: int, overrides: list[str] = ()) -> dict[str, Any]:
     """Questions, their v3 contexts and ground truths, `n_per_corpus` of each corpus."""
     from rag.query import retrieve_rerank_all
     from rag.session import open_session
+    from rag.settings import load
 
     cfg = compose(["+version=v3", *PROMPTS, "llm=none", "embedder.show_progress=false", *overrides])
-    s = open_session(cfg)
+    s = open_session(load(cfg))
     by_corpus: dict[str, list[int]] = {}
     for i, q in enumerate(s.qa):
         by_corpus.setdefault(q.corpus or "-", []).append(i)

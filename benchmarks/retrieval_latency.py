@@ -94,6 +94,7 @@ def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool =
     """Per-question retrieval latency (p50/p95) on the full corpus: dense flat, dense HNSW, BM25 and
     hybrid through the harness, against FAISS and bm25s called directly on the same data."""
     from rag.session import create, open_session
+    from rag.settings import load
 
     clock = start()
     n_q = n_questions or (8 if tiny else 400 if full else 200)
@@ -103,7 +104,7 @@ def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool =
     results: dict[str, Any] = {}
     for name, ov in cases.items():
         cfg = compose([*base, *ov, *overrides])
-        s = open_session(cfg)
+        s = open_session(load(cfg))
         qs = [q.question for q in s.qa]
         pick = np.unique(np.linspace(0, len(qs) - 1, min(n_q, len(qs))).round().astype(int))
         queries = [qs[i] for i in pick]

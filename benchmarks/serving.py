@@ -32,11 +32,12 @@ def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) ->
     from (or built into) the cache."""
     from rag.query import retrieve_rerank_all
     from rag.session import open_session
+    from rag.settings import load
 
     # MMR as in the generation benchmark: the contexts only feed the servers being measured
     cfg = compose(["+version=v3", "reranker=mmr", f"slice.questions_per_corpus={n_per_corpus}", f"paths.cache={cache}",
                    *(extra or [])])
-    session = open_session(cfg)
+    session = open_session(load(cfg))
     queries = [q.question for q in session.qa]
     filters = session.retriever.filters_for([q.corpus for q in session.qa], queries)
     hits, _, _ = retrieve_rerank_all(session.retriever, session.reranker, queries, filters, session.depth,

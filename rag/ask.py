@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 def ask(question: str, overrides: list[str], corpus: str | None, interactive: bool) -> int:
     register_resolvers()
     from rag.session import open_session
+    from rag.settings import load
 
     try:
         try:
@@ -147,12 +148,13 @@ def ask(question: str, overrides: list[str], corpus: str | None, interactive: bo
             raise RagError(config_error_line(e)) from None
         t0 = time.perf_counter()
         # --corpus must select documents of this corpus: a typo would silently retrieve nothing.
-        session = open_session(cfg, askers=[(f"--corpus {corpus!r}", corpus, None)])
+        settings = load(cfg)
+        session = open_session(settings, askers=[(f"--corpus {corpus!r}", corpus, None)])
         session.generator.warm_up()
         load_s = time.perf_counter() - t0
         built = [kind for kind, a in session.artifacts.record.items() if not a["hit"]]
         note = f"; built (not cached before): {', '.join(built)}" if built else "; every artifact from the cache"
-        print(f"[{cfg.get('variant', 'custom')}: {len(session.chunk_set)} chunks, loaded in {load_s:.1f} s{note}]")
+        print(f"[{settings.variant}: {len(session.chunk_set)} chunks, loaded in {load_s:.1f} s{note}]")
         if question:
             print(format_answer(answer(session, question, corpus)))
         if interactive:

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from eval.trec import format_qrels, format_run
 from rag.cache import atomic_write_text
 from rag.llm.answer_cache import format_plan
+from rag.settings import RunReport
 from rag.types import QAItem, RagError
 
 log = logging.getLogger(__name__)
@@ -58,18 +59,17 @@ def trec_files(tag: str, records: list[dict[str, Any]], qa: list[QAItem]) -> dic
         return {}
 
 
-def write_report(cfg: DictConfig, output_dir: Path) -> None:
+def write_report(report: RunReport, output_dir: Path) -> None:
     """report.html next to metrics.json: after the results, so a report problem (logged by
     write_run_report, never raised) cannot cost them. `report.html=false` turns it off."""
-    node = cfg.get("report")
-    if node is not None and not node.get("html", True):
+    if not report.html:
         return
     try:
         from experiments.html_report import write_run_report
     except Exception as e:  # noqa: BLE001 - e.g. jinja2 missing: the results stand without the page
         log.warning("report.html skipped (%s: %s)", type(e).__name__, e)
         return
-    limit = node.get("max_context_chars") if node is not None else None
+    limit = report.max_context_chars
     path = write_run_report(output_dir, **({"max_context_chars": int(limit)} if limit else {}))
     if path is not None:
         log.info("report: %s", path)

@@ -30,7 +30,8 @@ from rag.query import retrieve_rerank_all
 from rag.result import Objective, RunResult
 from rag.retriever import SourceFilter
 from rag.routing import routing_report
-from rag.session import Session, container, open_session
+from rag.session import Session, open_session
+from rag.settings import Settings, load
 from rag.types import Context, Hits
 
 log = logging.getLogger(__name__)
@@ -58,14 +59,16 @@ class Answered:
     made: Answers | None
 
 
-def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
-    """Runs the pipeline described by `cfg` and writes results into `output_dir`.
-    Returns the metrics document (also written as metrics.json)."""
+def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]:
+    """Runs the pipeline described by `config` (typed settings, or a composed config that is
+    turned into them first) and writes results into `output_dir`. Returns the metrics document
+    (also written as metrics.json)."""
+    settings = config if isinstance(config, Settings) else load(config)
     output_dir = Path(output_dir)
-    session = open_session(cfg)
+    session = open_session(settings)
     ranked = rank(session)
     contexts = session.context_builder.build(ranked.hits, session.chunk_set)
-    answered = answer_subset(session.qa, cfg.slice.get("answer_questions_per_corpus"), cfg.slice.seed)
+    answered = answer_subset(session.qa, settings.slice.answer_questions_per_corpus, settings.slice.seed)
     if getattr(session.generator, "dry_run", False):
         return dry_run(session, answered, contexts, output_dir)
     out = answer(session, answered, contexts)
@@ -82,7 +85,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     add_details(records, ranked, out, contexts)
     result = assemble(session, ranked, out, aggregates, judge_stats).to_json()
     write_results(output_dir, result, records, trec_files(result["variant"], records, session.qa))
-    write_report(cfg, output_dir)
+    write_report(settings.report, output_dir)
     return result
 
 
@@ -139,14 +142,14 @@ def add_details(records: list[dict[str, Any]], ranked: Ranked, out: Answered, co
 def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[str, Any],
              judge_stats: dict[str, Any] | None) -> RunResult:
     """The run's result (metrics.json)."""
-    cfg, overall, retriever = session.cfg, aggregates["overall"], session.retriever
+    config, overall, retriever = session.config, aggregates["overall"], session.retriever
     routing = None
     if ranked.route_ms is not None:
         routing = {"method": retriever.router.method,
                    **routing_report(ranked.filters, [q.corpus for q in session.qa], retriever.source_filter.get("groups"))}
     return RunResult(
-        variant=cfg.get("variant", "custom"),
-        objective=Objective(cfg.objective, overall[cfg.objective]["mean"]),
+        variant=config.variant,
+        objective=Objective(config.objective, overall[config.objective]["mean"]),
         metrics=overall,
         by_corpus=aggregates["by_corpus"],
         counts={
@@ -157,13 +160,13 @@ def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[s
             "answered_questions": 0 if out.answers is None else sum(a is not None for a in out.answers),
             "skipped_inputs": len(session.skipped),
         },
-        qa_split=container(cfg.qa.get("split")),  # which part of a split question set was scored (rag/qa.py)
+        qa_split=config.qa_split,
         latency=latency_summary(ranked.latency_rows, ranked.latency_ms, out.generate_ms, ranked.route_ms),
         latency_method=ranked.latency_method,
         usage=usage_section(out.made, judge_stats),
         timings_s=session.timer.as_dict(),
         artifacts=session.artifacts.record,
-        config=container(cfg),
+        config=config.resolved,
         routing=routing,
     )
 

@@ -1,8 +1,9 @@
-"""The configuration's schema: the type and range of every value the pipeline reads, checked in
-one place at start-up, before any file is read or model loaded.
+"""The configuration's schema: the checks for the type and range of a value, and the rules of the
+components' nodes. rag/settings.py applies them with the run's own rules, once, at start-up,
+before any file is read or model loaded.
 
-`validate(cfg)` resolves the whole configuration (a missing `???` value or an interpolation that
-cannot be resolved is reported by its key) and checks each known key that is present, so a rule
+`resolved(cfg)` reports a missing `???` value or an interpolation that cannot be resolved by its
+key; `check_all` checks each known key that is present, so a rule
 applies to whichever component the config groups chose (`fusion.k` exists only under
 `fusion=rrf`). Every failure is one `RagError` line naming the key and the value, e.g.
 `eval.k must be an integer, got 2.5`. Integers must be integers (not 2.5, not true, not "five");
@@ -177,19 +178,9 @@ LLM: dict[str, Check] = {
     "min_similarity": number(-1, 1), "no_answer": string(), "system_prompt": string(nullable=True),
 }
 
-RULES: dict[str, Check] = {
-    "variant": string(),
-    "objective": string(),
-    "max_doc_chars": integer(1, nullable=True),
-    "context.labels": boolean,
-    "context.expand_neighbors": integer(0),
-    "context.budget_chars": integer(1),
-    "slice.docs_per_source": integer(1, nullable=True),
-    "slice.questions_per_corpus": integer(1, nullable=True),
-    "slice.answer_questions_per_corpus": integer(1, nullable=True),
-    "slice.seed": integer(),
-    "paths.cache": path("a directory"),
-    "paths.model_cache": path("a directory"),
+# The components' nodes; the run's own keys (paths, slice, context, eval, report) are checked
+# beside their typed settings in rag/settings.py.
+COMPONENT_RULES: dict[str, Check] = {
     "corpus.path": path(),
     "corpus.paths.*": path(),
     "corpus.parts.*.path": path(),
@@ -221,18 +212,6 @@ RULES: dict[str, Check] = {
     "reranker.max_length": integer(1), "reranker.device": device, "reranker.num_threads": integer(1, nullable=True),
     "reranker.backend": string(choices=("torch", "onnx")),
     **{f"llm.{k}": c for k, c in LLM.items()},
-    "eval.k": integer(1),
-    "eval.tau_recall": number(-1, 1, note="a cosine threshold"),
-    "eval.tau_h": number(-1, 1, note="a cosine threshold"),
-    "eval.metrics": strings(nonempty=True),
-    "eval.bootstrap.resamples": integer(1),
-    "eval.bootstrap.seed": integer(0),
-    "report.baseline": label,
-    "report.formats": strings(choices=CHART_FORMATS),
-    "report.charts": boolean,
-    "report.fail_on": string(choices=("all", "any", "never")),
-    "report.html": boolean,
-    "report.max_context_chars": integer(1),
 }
 
 
@@ -269,17 +248,15 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
         raise RagError(f"{key}: cannot resolve its value: {msg}") from None
 
 
-def validate(cfg: DictConfig) -> dict[str, Any]:
-    """Checks every known value of `cfg`; returns the resolved configuration."""
-    data = resolved(cfg)
+def check_all(data: dict[str, Any], rules: dict[str, Check]) -> None:
+    """Applies each rule to every value its dotted pattern matches in the resolved `data`."""
     # chunk_size may be null only for the per-source router (each route then keeps its own size)
     router = str((data.get("chunker") or {}).get("_target_", "")).endswith("RoutedChunker")
-    rules = {**RULES, "chunker.chunk_size": integer(1, nullable=router)}
+    rules = {**rules, "chunker.chunk_size": integer(1, nullable=router)}
     for pattern, check in rules.items():
         for key, value in _values(data, pattern.split("."), ""):
             check(key, value)
     _check_overlaps(data)
-    return data
 
 
 def _check_overlaps(data: dict[str, Any]) -> None:

@@ -1,8 +1,9 @@
 """A configured pipeline with its artifacts built or loaded: everything needed to answer questions.
 
-`open_session(cfg)` checks the whole configuration, builds every component (a bad value fails
-before anything expensive), reads and slices the corpus and questions, chunks, and prepares the
-retriever and reranker (vectors, index, BM25 through rag.artifacts). `rag.pipeline.run` evaluates
+`open_session(settings)` builds every component from its node (a bad value fails before anything
+expensive), reads and slices the corpus and questions, runs the preflight checks, chunks, and
+prepares the retriever and reranker (vectors, index, BM25 through rag.artifacts). The settings
+come from rag.settings.load, the one place that reads the composed config. `rag.pipeline.run` evaluates
 a question set with it; `rag.ask` answers typed questions with the same session.
 """
 from __future__ import annotations
@@ -12,22 +13,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate, to_absolute_path
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from eval.scoring import ANSWER_METRICS, ScoreSettings
-from rag import latency, preflight
+from rag import preflight
 from rag.preflight import Asker
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache
 from rag.chunker.token import TokenChunker
 from rag.context import ContextBuilder
+from rag.latency import LatencySettings
 from rag.corpus.slicing import slice_documents, slice_questions
 from rag.llm import Generator, NoGenerator
 from rag.models import use_cache
 from rag.reranker.base import Reranker
 from rag.retriever import Retriever
-from rag.schema import validate
+from rag.settings import Settings, to_plain
 from rag.timing import StageTimer
 from rag.types import Document, QAItem, RagError
 
@@ -82,14 +84,9 @@ def _unknown_setting(e: InstantiationException, node: Any) -> str | None:
     return f"{prefix}{key} is not a setting of {target.rpartition('.')[2]}{near_names(key, params)}{known}"
 
 
-def container(node: Any) -> Any:
-    """A config node as plain Python (resolved); anything else as it is."""
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-
 @dataclass
 class Components:
-    """Everything `cfg` builds before any data is read."""
+    """Everything the settings build before any data is read."""
 
     settings: ScoreSettings
     corpus: Any
@@ -100,7 +97,7 @@ class Components:
     generator: Generator
     eval_embedder: Any
     context_builder: ContextBuilder
-    latency: latency.LatencySettings
+    latency: LatencySettings
     judge: Any  # eval.judge.Judge when eval.judge.enabled, else None
 
 
@@ -109,7 +106,7 @@ class Session:
     """A configured pipeline with its artifacts built or loaded. `run` evaluates a question set
     with it; `rag.ask` answers typed questions."""
 
-    cfg: DictConfig
+    config: Settings
     cache: ArtifactCache
     timer: StageTimer
     parts: Components
@@ -136,27 +133,24 @@ class Session:
         return max(self.settings.k, int(getattr(self.reranker, "top_n", 0) or 0))
 
 
-def open_session(cfg: DictConfig, askers: list[Asker] = ()) -> Session:
+def open_session(settings: Settings, askers: list[Asker] = ()) -> Session:
     """`askers`: more (who, corpus tag, answer document) whose source filters are checked with the
     questions', before any model loads (rag.ask's --corpus)."""
-    # Every value's type and range first: a bad one is one line naming it, before anything loads.
-    validate(cfg)
     timer = StageTimer()
-    # A relative cache path means the directory the command was started in, also for a job that
-    # a launcher runs in another directory or on another node (Hydra carries that directory along).
-    cache = ArtifactCache(to_absolute_path(str(cfg.paths.cache)))
-    parts = create_components(cfg, model_cache(cfg))
+    cache = ArtifactCache(settings.paths.cache)
+    parts = create_components(settings, model_cache(settings))
     artifacts = Artifacts(cache, timer=timer)
+    cut = settings.slice
 
     with timer.stage("corpus"):
         all_docs, skipped, all_qa = artifacts.inputs(parts.corpus, parts.questions)
-        qa = slice_questions(all_qa, cfg.slice.questions_per_corpus, cfg.slice.seed)
-        docs = slice_documents(all_docs, qa, cfg.slice.docs_per_source, cfg.slice.seed)
-        preflight.run(cfg.objective, all_qa, all_docs, qa, docs, cfg.max_doc_chars, parts.retriever, parts.reranker,
-                      askers)
+        qa = slice_questions(all_qa, cut.questions_per_corpus, cut.seed)
+        docs = slice_documents(all_docs, qa, cut.docs_per_source, cut.seed)
+        preflight.run(settings.objective, all_qa, all_docs, qa, docs, settings.max_doc_chars, parts.retriever,
+                      parts.reranker, askers)
 
     with timer.stage("chunk"):
-        chunk_set = artifacts.chunks(parts.chunker, container(cfg.chunker), docs)
+        chunk_set = artifacts.chunks(parts.chunker, to_plain(settings.nodes.chunker), docs)
     log.info("%d documents -> %d chunks; %d questions", len(docs), len(chunk_set), len(qa))
     if parts.settings.k > len(chunk_set):
         raise RagError(f"eval.k ({parts.settings.k}) is larger than the number of chunks ({len(chunk_set)})")
@@ -166,43 +160,35 @@ def open_session(cfg: DictConfig, askers: list[Asker] = ()) -> Session:
     with timer.stage("load_models"):
         parts.retriever.warm_up()
         parts.reranker.warm_up()
-    session = Session(cfg, cache, timer, parts, qa, docs, len(all_docs), skipped, chunk_set, artifacts)
+    session = Session(settings, cache, timer, parts, qa, docs, len(all_docs), skipped, chunk_set, artifacts)
     if session.depth > len(chunk_set):
         log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", session.depth, len(chunk_set))
     return session
 
 
-def model_cache(cfg: DictConfig) -> ArtifactCache:
+def model_cache(settings: Settings) -> ArtifactCache:
     """Where components build their model artifacts: `paths.model_cache` (by default the artifact
-    cache itself), relative paths taken from the directory the command started in."""
-    root = cfg.paths.get("model_cache") or cfg.paths.cache
-    return ArtifactCache(to_absolute_path(str(root)), setting="paths.model_cache")
+    cache itself)."""
+    return ArtifactCache(settings.paths.model_cache, setting="paths.model_cache")
 
 
-def create_components(cfg: DictConfig, models: ArtifactCache) -> Components:
-    """Every component of `cfg`, checked against each other; components that build or load a model
-    artifact (the ONNX export, the LLM's conversion, the cross-encoder) get the session's model
-    cache (`paths.model_cache`, by default the artifact cache itself)."""
-    settings = ScoreSettings(
-        k=cfg.eval.k,
-        tau_recall=cfg.eval.tau_recall,
-        tau_h=cfg.eval.tau_h,
-        metrics=tuple(cfg.eval.metrics),
-        bootstrap_resamples=cfg.eval.bootstrap.resamples,
-        bootstrap_seed=cfg.eval.bootstrap.seed,
-    )
-    corpus, questions, chunker = create(cfg.corpus), create(cfg.qa), create(cfg.chunker)
-    create(cfg.fusion)  # validated even when the retriever does not fuse, so a bad sweep value fails fast
-    retriever, reranker, generator = create(cfg.retriever), create(cfg.reranker), create(cfg.llm)
-    eval_embedder = create(cfg.eval.embedder)
-    context_builder = ContextBuilder(**container(cfg.context))
-    latency_settings = latency.LatencySettings.from_config(container(cfg.eval.get("latency")))
-    check_objective(cfg.objective, settings, generator)
-    judge = build_judge(cfg.eval.get("judge"), generator)
+def create_components(settings: Settings, models: ArtifactCache) -> Components:
+    """Every component, each from its own node, checked against each other; components that build
+    or load a model artifact (the ONNX export, the LLM's conversion, the cross-encoder) get the
+    session's model cache (`paths.model_cache`, by default the artifact cache itself)."""
+    nodes = settings.nodes
+    corpus, questions, chunker = create(nodes.corpus), create(nodes.qa), create(nodes.chunker)
+    create(nodes.fusion)  # validated even when the retriever does not fuse, so a bad sweep value fails fast
+    retriever, reranker, generator = create(nodes.retriever), create(nodes.reranker), create(nodes.llm)
+    eval_embedder = create(nodes.eval_embedder)
+    context_builder = ContextBuilder(settings.context.labels, settings.context.expand_neighbors,
+                                     settings.context.budget_chars)
+    check_objective(settings.objective, settings.score, generator)
+    judge = build_judge(nodes.judge, generator)
     if isinstance(chunker, TokenChunker):
-        chunker.check_fits(str(cfg.embedder.model), cfg.embedder.get("max_seq_length"))
-    parts = Components(settings, corpus, questions, chunker, retriever, reranker, generator, eval_embedder,
-                       context_builder, latency_settings, judge)
+        chunker.check_fits(settings.embedder.model, settings.embedder.max_seq_length)
+    parts = Components(settings.score, corpus, questions, chunker, retriever, reranker, generator, eval_embedder,
+                       context_builder, settings.latency, judge)
     for part in (parts.chunker, parts.retriever, parts.reranker, parts.generator, parts.eval_embedder):
         use_cache(part, models)
     return parts
@@ -210,11 +196,11 @@ def create_components(cfg: DictConfig, models: ArtifactCache) -> Components:
 
 def build_judge(node: Any, generator: Any) -> Any:
     """The LLM judge of `eval.judge` (eval/judge.py), or None when it is not enabled."""
-    if node is None or not node.get("enabled", False):
+    if node is None:
         return None
     if isinstance(generator, NoGenerator):
         raise RagError("eval.judge.enabled=true judges answers, but llm=none generates none")
-    return create({k: v for k, v in container(node).items() if k != "enabled"})
+    return create({k: v for k, v in to_plain(node).items() if k != "enabled"})
 
 
 def check_objective(objective: str, settings: ScoreSettings, generator: Any) -> None:

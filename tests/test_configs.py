@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from rag.config import PROJECT_ROOT
-from rag.schema import validate
+from rag.settings import validate
 from rag.session import create
 
 CONF = PROJECT_ROOT / "conf"

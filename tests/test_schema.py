@@ -6,7 +6,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from rag.config import PROJECT_ROOT
-from rag.schema import shown, validate
+from rag.schema import shown
+from rag.settings import validate
 from rag.types import RagError
 
 GROUPS = ["corpus", "qa", "chunker", "embedder", "index", "retriever", "fusion", "reranker", "llm", "eval", "tracking"]

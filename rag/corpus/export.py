@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 from rag.artifacts import load_corpus
 from rag.cache import ArtifactCache, atomic_write_text
 from rag.config import PROJECT_ROOT, register_resolvers
+from rag.settings import load
 from rag.types import RagError
 
 
@@ -33,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = compose(config_name="config", overrides=[f"corpus={name}", *args.overrides])
         t0 = time.perf_counter()
         try:
-            docs, skipped = load_corpus(instantiate(cfg.corpus, _convert_="all"), ArtifactCache(cfg.paths.cache))
+            settings = load(cfg)
+            docs, skipped = load_corpus(instantiate(settings.nodes.corpus, _convert_="all"),
+                                        ArtifactCache(settings.paths.cache))
         except RagError as e:
             print(f"ragrig data: error: {e}", file=sys.stderr)
             return 2

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from rag.config import PROJECT_ROOT, register_resolvers
     from rag.reranker.training.artifact import METRICS_FILE, build_trained_model, dataset_for
     from rag.session import model_cache
+    from rag.settings import load
 
     register_resolvers()
     overrides = ["reranker=cross_encoder"]
@@ -51,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
-        train = instantiate(cfg.reranker.train, _convert_="all")
-        cache = model_cache(cfg)
+        settings = load(cfg)
+        train = instantiate(settings.nodes.reranker.train, _convert_="all")
+        cache = model_cache(settings)
         if args.data_only:
             data = dataset_for(train, cache)
             print(json.dumps(data.stats, indent=2))

@@ -1,0 +1,202 @@
+"""The run's settings, typed: the composed Hydra config is turned once, at start-up, into frozen
+dataclasses (`load(cfg)`), checked there with one-line messages. Below this door no module reads
+the raw config: the session and the stages get these settings, and each component is instantiated
+from its own node (`Settings.nodes`, `_target_` + hydra.utils.instantiate).
+
+Each settings class carries the rules of its own keys (`RULES`); the components' keys (corpus,
+chunker, embedder, index, retriever, fusion, reranker, llm) are checked by rag/schema.py's tables,
+since a component's node is its own constructor's arguments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+from eval.scoring import ScoreSettings
+from rag.latency import LatencySettings
+from rag.schema import (CHART_FORMATS, COMPONENT_RULES, Check, boolean, check_all, integer, label, number, path,
+                        resolved, string, strings)
+from rag.types import RagError
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Absolute directories: a relative path means the directory the command was started in, also
+    for a job a launcher runs elsewhere (Hydra carries that directory along)."""
+
+    cache: str
+    model_cache: str  # model artifacts (ONNX exports, conversions, the cross-encoder); default: cache
+
+    RULES: ClassVar[dict[str, Check]] = {"cache": path("a directory"), "model_cache": path("a directory")}
+
+    @classmethod
+    def from_data(cls, d: dict[str, Any]) -> Paths:
+        return cls(to_absolute_path(str(d["cache"])), to_absolute_path(str(d["model_cache"])))
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A deterministic slice of the corpus and questions (None: everything)."""
+
+    docs_per_source: int | None
+    questions_per_corpus: int | None
+    answer_questions_per_corpus: int | None  # questions per corpus tag that get answers
+    seed: int
+
+    RULES: ClassVar[dict[str, Check]] = {
+        "docs_per_source": integer(1, nullable=True),
+        "questions_per_corpus": integer(1, nullable=True),
+        "answer_questions_per_corpus": integer(1, nullable=True),
+        "seed": integer(),
+    }
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """How retrieved chunks become the numbered contexts given to the LLM (rag.context)."""
+
+    labels: bool = False
+    expand_neighbors: int = 0
+    budget_chars: int = 4000
+
+    RULES: ClassVar[dict[str, Check]] = {"labels": boolean, "expand_neighbors": integer(0), "budget_chars": integer(1)}
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """The `report` node as a run reads it: report.html beside metrics.json. A sweep's summary
+    reads the whole node (experiments.report.ReportSettings)."""
+
+    html: bool = True
+    max_context_chars: int | None = None
+
+    RULES: ClassVar[dict[str, Check]] = {
+        "baseline": label,
+        "formats": strings(choices=CHART_FORMATS),
+        "charts": boolean,
+        "fail_on": string(choices=("all", "any", "never")),
+        "html": boolean,
+        "max_context_chars": integer(1),
+    }
+
+
+# eval.*: the scoring settings (eval.scoring.ScoreSettings) and the latency sample (rag.latency).
+EVAL_RULES: dict[str, Check] = {
+    "k": integer(1),
+    "tau_recall": number(-1, 1, note="a cosine threshold"),
+    "tau_h": number(-1, 1, note="a cosine threshold"),
+    "metrics": strings(nonempty=True),
+    "bootstrap.resamples": integer(1),
+    "bootstrap.seed": integer(0),
+}
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Each component's own config node, instantiated by the session (rag.session.create)."""
+
+    corpus: DictConfig
+    qa: DictConfig
+    chunker: DictConfig
+    fusion: DictConfig
+    retriever: DictConfig
+    reranker: DictConfig
+    llm: DictConfig
+    eval_embedder: DictConfig
+    judge: DictConfig | None  # None unless eval.judge.enabled
+
+
+@dataclass(frozen=True)
+class EmbedderLimit:
+    """What the token chunker checks its chunk size against: the pipeline embedder's window."""
+
+    model: str
+    max_seq_length: int | None
+
+
+@dataclass(frozen=True)
+class Settings:
+    variant: str
+    objective: str  # the metric a run returns (sweepers maximize it)
+    max_doc_chars: int | None
+    paths: Paths
+    slice: Slice
+    context: ContextSettings
+    report: RunReport
+    score: ScoreSettings
+    latency: LatencySettings
+    embedder: EmbedderLimit
+    qa_split: dict[str, Any] | None  # which part of a split question set is scored (rag.qa)
+    nodes: Nodes
+    resolved: dict[str, Any]  # the whole configuration as plain data (metrics.json's `config`)
+
+    RULES: ClassVar[dict[str, Check]] = {"variant": string(), "objective": string(),
+                                         "max_doc_chars": integer(1, nullable=True)}
+
+
+def prefixed(prefix: str, rules: dict[str, Check]) -> dict[str, Check]:
+    return {f"{prefix}.{k}": c for k, c in rules.items()}
+
+
+RULES: dict[str, Check] = {
+    **Settings.RULES,
+    **prefixed("paths", Paths.RULES),
+    **prefixed("slice", Slice.RULES),
+    **prefixed("context", ContextSettings.RULES),
+    **prefixed("report", RunReport.RULES),
+    **prefixed("eval", EVAL_RULES),
+    **COMPONENT_RULES,
+}
+
+
+def validate(cfg: DictConfig) -> dict[str, Any]:
+    """Checks every known value of `cfg`; returns the resolved configuration."""
+    data = resolved(cfg)
+    check_all(data, RULES)
+    return data
+
+
+def load(cfg: DictConfig) -> Settings:
+    """The typed settings of a composed config; a bad value is one RagError line naming it."""
+    data = validate(cfg)
+    ev = data["eval"]
+    score = ScoreSettings(k=ev["k"], tau_recall=ev["tau_recall"], tau_h=ev["tau_h"], metrics=tuple(ev["metrics"]),
+                          bootstrap_resamples=ev["bootstrap"]["resamples"], bootstrap_seed=ev["bootstrap"]["seed"])
+    report = data.get("report") or {}
+    judge = cfg.eval.get("judge")
+    embedder = data.get("embedder") or {}
+    return Settings(
+        variant=str(data.get("variant", "custom")),
+        objective=data["objective"],
+        max_doc_chars=data.get("max_doc_chars"),
+        paths=Paths.from_data(data["paths"]),
+        slice=Slice(**{k: data["slice"].get(k) for k in ("docs_per_source", "questions_per_corpus",
+                                                          "answer_questions_per_corpus", "seed")}),
+        context=ContextSettings(**_known(data.get("context") or {}, ContextSettings, "context")),
+        report=RunReport(html=report.get("html", True), max_context_chars=report.get("max_context_chars")),
+        score=score,
+        latency=LatencySettings.from_config(ev.get("latency")),
+        embedder=EmbedderLimit(str(embedder.get("model", "")), embedder.get("max_seq_length")),
+        qa_split=(data.get("qa") or {}).get("split"),
+        nodes=Nodes(cfg.corpus, cfg.qa, cfg.chunker, cfg.fusion, cfg.retriever, cfg.reranker, cfg.llm,
+                    cfg.eval.embedder, judge if judge is not None and judge.get("enabled", False) else None),
+        resolved=data,
+    )
+
+
+def _known(node: dict[str, Any], cls: type, where: str) -> dict[str, Any]:
+    from dataclasses import fields
+
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(node) - set(names))
+    if unknown:
+        raise RagError(f"{where}: unknown key(s) {unknown}; known: {', '.join(names)}")
+    return node
+
+
+def to_plain(node: Any) -> Any:
+    """A config node as plain Python (resolved); anything else as it is."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
