@@ -133,7 +133,7 @@ class Judge:
         if not model:
             raise RagError("eval.judge.model must name the judge model the endpoint serves (eval.judge.enabled=true)")
         self.endpoint = ChatEndpoint(base_url, str(model), api_key_env, timeout_s, max_retries, backoff_s,
-                                     max_backoff_s, what="eval.judge")
+                                     max_backoff_s, what="eval.judge", connections=concurrency if isinstance(concurrency, int) else 1)
         unknown = [m for m in metrics if m not in RUBRICS]
         if unknown or not metrics:
             raise RagError(f"eval.judge.metrics: unknown or none {unknown or list(metrics)}; known: {sorted(RUBRICS)}")

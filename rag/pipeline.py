@@ -163,7 +163,7 @@ def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[s
         qa_split=config.qa_split,
         latency=latency_summary(ranked.latency_rows, ranked.latency_ms, out.generate_ms, ranked.route_ms),
         latency_method=ranked.latency_method,
-        usage=usage_section(out.made, judge_stats),
+        usage=usage_section(out.made, judge_stats, served_parts(session)),
         timings_s=session.timer.as_dict(),
         artifacts=session.artifacts.record,
         config=config.resolved,
@@ -223,10 +223,24 @@ def eval_chunk_vectors(session: Session) -> np.ndarray | None:
     return None
 
 
-def usage_section(made: Answers | None, judge_stats: dict[str, Any] | None) -> dict[str, Any] | None:
-    """metrics.json's `usage` (None: no key): requests this run sent, answers taken from the cache,
-    and the tokens the answers cost when they were generated (llm=openai; and the judge's)."""
+def served_parts(session: Session) -> dict[str, Any]:
+    """The components that called a server in this run, by role: embed (embedder=openai), rerank
+    (reranker=http); generate and judge are counted by their own stages."""
+    dense = session.retriever._dense_part()
+    parts = {"embed": dense.embedder if dense is not None else None, "rerank": session.reranker}
+    return {role: p for role, p in parts.items() if isinstance(getattr(p, "usage", None), dict)}
+
+
+def usage_section(made: Answers | None, judge_stats: dict[str, Any] | None,
+                  served: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """metrics.json's `usage` (None: no key): per model role that ran behind a server, the
+    requests this run sent and their tokens (embed, rerank: what the server reported; generate:
+    answers taken from the cache and the tokens the answers cost when they were generated; judge)."""
     out: dict[str, Any] = {}
+    for role, part in (served or {}).items():
+        u = part.usage
+        out[role] = {"requests_sent": u["requests"], **{k: (round(v, 3) if isinstance(v, float) else v)
+                                                        for k, v in u.items() if k != "requests"}}
     if made is not None and made.details is not None:
         out["generate"] = {"requests_sent": made.requests, "answers_from_cache": made.resumed,
                            **usage_totals(made.details)}

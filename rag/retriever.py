@@ -175,7 +175,12 @@ class DenseRetriever(Retriever):
         return self
 
     def warm_up(self) -> None:
-        self.embedder.encode_queries(["warm-up"])
+        dim = self.embedder.encode_queries(["warm-up"]).shape[1]
+        if dim != self.index.dim:
+            # a served model renamed or swapped behind the same name since its vectors were cached
+            raise RagError(f"embedder {getattr(self.embedder, 'model_name', '')!r}: query vectors are {dim}-d but the "
+                           f"indexed chunk vectors are {self.index.dim}-d; the model behind embedder.model has changed "
+                           "(clear its vectors from the cache, or name the model it now is)")
 
     def _signature(self) -> tuple | None:
         # ef_search / nprobe are query-time knobs outside the index key, so they join here.

@@ -151,6 +151,10 @@ EMBEDDER: dict[str, Check] = {
     "engine.num_cpus_per_worker": number(above=0),
     "engine.min_texts": integer(0),
     "engine.object_store_memory": integer(1, nullable=True),
+    # a served embedder (embedder=openai)
+    "base_url": string(), "concurrency": integer(1), "dimensions": integer(1, nullable=True),
+    "timeout_s": number(above=0), "max_retries": integer(0), "backoff_s": number(above=0),
+    "max_backoff_s": number(above=0),
 }
 CHUNKER: dict[str, Check] = {
     "chunk_size": integer(1),
@@ -211,6 +215,7 @@ COMPONENT_RULES: dict[str, Check] = {
     "reranker.model": string(), "reranker.top_n": integer(1), "reranker.lambda_mult": number(0, 1), "reranker.batch_size": integer(1),
     "reranker.max_length": integer(1), "reranker.device": device, "reranker.num_threads": integer(1, nullable=True),
     "reranker.backend": string(choices=("torch", "onnx")),
+    "reranker.base_url": string(), "reranker.timeout_s": number(above=0), "reranker.max_retries": integer(0),
     **{f"llm.{k}": c for k, c in LLM.items()},
 }
 

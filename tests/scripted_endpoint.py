@@ -28,12 +28,15 @@ def echo(request: dict[str, Any], n: int) -> Reply:
 
 
 class ScriptedEndpoint:
-    """`chat(request_json, n)` -> Reply for POST .../chat/completions (n counts from 0);
+    """`chat(request_json, n)` -> Reply for POST .../chat/completions (n counts from 0), `embed`
+    for .../embeddings and `rerank` for .../rerank;
     `models` is the id list of GET .../models (None: 404). Every request is recorded."""
 
     def __init__(self, chat: Callable[[dict[str, Any], int], Reply] = echo, models: list[str] | None = None,
-                 delay_s: float = 0.0, hang_up: bool = False):
+                 delay_s: float = 0.0, hang_up: bool = False, embed: Callable[[dict[str, Any], int], Reply] | None = None,
+                 rerank: Callable[[dict[str, Any], int], Reply] | None = None):
         self.chat, self.models, self.delay_s = chat, models, delay_s
+        self.embed, self.rerank = embed, rerank  # POST .../embeddings and .../rerank, when given
         self.hang_up = hang_up  # close every connection after replying, without saying so (as some servers do)
         self.requests: list[dict[str, Any]] = []
         self.in_flight = self.max_in_flight = 0
@@ -66,16 +69,19 @@ class ScriptedEndpoint:
                 with outer._lock:
                     n = len(outer.requests)
                     outer.requests.append({"path": self.path, "json": body, "headers": dict(self.headers),
-                                           "t": time.monotonic()})
+                                           "t": time.monotonic(), "peer": self.client_address[1]})
                     outer.in_flight += 1
                     outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
                 try:
                     if outer.delay_s:
                         time.sleep(outer.delay_s)
-                    if not self.path.endswith("/v1/chat/completions"):
+                    route = next((fn for suffix, fn in (("/v1/chat/completions", outer.chat),
+                                                        ("/v1/embeddings", outer.embed), ("/v1/rerank", outer.rerank))
+                                  if self.path.endswith(suffix) and fn is not None), None)
+                    if route is None:
                         self._reply(404, {}, {"detail": "Not Found"})
                         return
-                    self._reply(*outer.chat(body, n))
+                    self._reply(*route(body, n))
                     self.close_connection = outer.hang_up
                 finally:
                     with outer._lock:
@@ -102,6 +108,9 @@ class ScriptedEndpoint:
     def __exit__(self, *exc: Any) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def posted(self, suffix: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["path"].endswith(suffix)]
 
     @property
     def chat_requests(self) -> list[dict[str, Any]]:

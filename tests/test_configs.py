@@ -29,6 +29,8 @@ NEEDS = {  # options with a required (???) value of their own
     ("qa", "beir"): ["corpus=beir", "corpus.path=/data/scifact"],
     ("llm", "hf"): ["llm.model=HuggingFaceTB/SmolLM2-360M-Instruct"],
     ("llm", "openai"): ["llm.model=some-model"],  # built, never called: no server needed
+    ("embedder", "openai"): ["embedder.model=some-model"],
+    ("reranker", "http"): ["reranker.model=some-model"],
     ("debug", "tiny"): ["corpus.path=/data/c.jsonl", "qa.path=/data/q.jsonl"],
 }
 EXTRAS = {  # options whose component needs an optional extra: skipped, with the reason, without it

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from rag.cache import ArtifactCache
-from rag.reranker.cross_encoder import CrossEncoderReranker, fuse_scores
+from rag.reranker.cross_encoder import CrossEncoderReranker
+from rag.reranker.pointwise import fuse_scores
 from rag.reranker.training import artifact as A
 from rag.types import Document, Hits, QAItem, RagError, make_chunk
 from tests.test_reranker_training import QUESTIONS, mini_corpus

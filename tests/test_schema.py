@@ -9,16 +9,9 @@ from rag.config import PROJECT_ROOT
 from rag.schema import shown
 from rag.settings import validate
 from rag.types import RagError
+from tests.test_configs import NEEDS
 
 GROUPS = ["corpus", "qa", "chunker", "embedder", "index", "retriever", "fusion", "reranker", "llm", "eval", "tracking"]
-NEEDS = {  # options with a required (???) value of their own
-    ("corpus", "jsonl"): ["corpus.path=/data/c.jsonl"],
-    ("qa", "jsonl"): ["qa.path=/data/q.jsonl"],
-    ("llm", "hf"): ["llm.model=HuggingFaceTB/SmolLM2-360M-Instruct"],
-    ("llm", "openai"): ["llm.model=some-model"],
-    ("corpus", "beir"): ["corpus.path=/data/scifact"],
-    ("qa", "beir"): ["corpus=beir", "corpus.path=/data/scifact"],
-}
 
 
 def options() -> list[tuple[str, str]]:

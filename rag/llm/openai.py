@@ -59,7 +59,7 @@ class OpenAIGenerator(Generator):
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
     ):
         self.endpoint = ChatEndpoint(base_url, str(model), api_key_env, timeout_s, max_retries, backoff_s,
-                                     max_backoff_s, what="llm")
+                                     max_backoff_s, what="llm", connections=concurrency if isinstance(concurrency, int) else 1)
         self.temperature = float(temperature)
         self.max_tokens = int(max_tokens)
         self.stop = [stop] if isinstance(stop, str) else (list(stop) if stop else None)

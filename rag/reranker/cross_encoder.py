@@ -6,11 +6,8 @@ rag/models.py resolves all three), or `trained:`: the packaged MiniLM fine-tuned
 `<cache>/cross_encoder/<key>` in the artifact cache that `use_cache` gives.
 
 Only the first `top_n` candidates of the first stage are scored, each question's in one batch of
-its own (so its scores do not depend on which questions share a call). Those scores are recorded in
-the artifact cache (kind `rerank_scores`, keyed by the model, its settings, the query and the
-candidates' texts), so a run that reranks the same candidates again (a repeated demo, a sweep
-over settings downstream of reranking) reads them instead of scoring; a timed search
-(`reuse=False`, rag.latency) always scores. `fuse` combines the
+its own, and the scores are recorded in the artifact cache under the model and its settings
+(rag/reranker/pointwise.py, shared with the reranking server). `fuse` combines the
 cross-encoder's order with the first stage's order (see `fuse_scores`); `label_passages` puts each
 chunk's document label before its text, as the trained model saw its passages (null: as the model
 was trained, read from its reranker.json; other models: no labels).
@@ -18,47 +15,21 @@ was trained, read from its reranker.json; other models: no labels).
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rag.cache import make_key
-from rag.models import UsesCache, model_fingerprint, resolve_model
-from rag.reranker.base import Reranker
+from rag.models import model_fingerprint, resolve_model
 from rag.reranker.logits import predict_logits
-from rag.types import Chunk, Hits, QAItem, RagError
+from rag.reranker.pointwise import PointwiseReranker
+from rag.types import QAItem, RagError
 
 log = logging.getLogger(__name__)
 
 TRAINED = "trained:"
-FUSE_METHODS = ("none", "rrf", "linear")
 BACKENDS = ("torch", "onnx")  # onnx: the forward pass on ONNX Runtime (rag/reranker/onnx.py), fp32
-SCORES = "rerank_scores"  # record kind: one question's logits for its candidates
-
-
-def fuse_scores(ce: np.ndarray, method: str, weight: float, k: int = 60) -> np.ndarray:
-    """Scores of the head candidates (given in first-stage order) to sort by.
-
-    none:   the cross-encoder's logits.
-    rrf:    weight / (k + cross-encoder rank) + (1 - weight) / (k + first-stage rank), ranks from 1:
-            reciprocal rank fusion of the two orders.
-    linear: weight * z + (1 - weight) * prior, with z the logits standardized within the question
-            and prior = -ln(first-stage rank): a candidate the first stage ranked high needs a
-            clearly better logit to be overtaken.
-    """
-    n = len(ce)
-    if method == "none" or n == 0:
-        return ce
-    first = np.arange(1, n + 1, dtype=np.float64)
-    if method == "rrf":
-        ce_rank = np.empty(n)
-        ce_rank[np.argsort(-ce, kind="stable")] = first
-        return (weight / (k + ce_rank) + (1 - weight) / (k + first)).astype(np.float32)
-    z = (ce - ce.mean()) / (ce.std() + 1e-6)
-    return (weight * z - (1 - weight) * np.log(first)).astype(np.float32)
 
 
 @functools.lru_cache(maxsize=4)
@@ -72,7 +43,7 @@ def load_cross_encoder(path: str, max_length: int, device: str) -> Any:
         raise RagError(f"reranker model {path!r} could not be loaded: {str(e).splitlines()[0]}") from None
 
 
-class CrossEncoderReranker(UsesCache, Reranker):
+class CrossEncoderReranker(PointwiseReranker):
     def __init__(
         self,
         model: str,
@@ -91,19 +62,7 @@ class CrossEncoderReranker(UsesCache, Reranker):
         for name, value in (("top_n", top_n), ("batch_size", batch_size), ("max_length", max_length)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise RagError(f"reranker.{name} must be a positive integer, got {value!r}")
-        fuse = dict(fuse or {})
-        unknown = sorted(set(fuse) - {"method", "weight", "k"})
-        if unknown:
-            raise RagError(f"reranker.fuse: unknown key(s) {unknown}; known: method, weight, k")
-        self.fuse_method = str(fuse.get("method", "none"))
-        if self.fuse_method not in FUSE_METHODS:
-            raise RagError(f"reranker.fuse.method must be one of {list(FUSE_METHODS)}, got {self.fuse_method!r}")
-        try:
-            self.fuse_weight, self.fuse_k = float(fuse.get("weight", 0.5)), int(fuse.get("k", 60))
-        except (TypeError, ValueError):
-            raise RagError(f"reranker.fuse: weight must be a number and k an integer, got {fuse}") from None
-        if not 0 <= self.fuse_weight <= 1 or self.fuse_k < 0:
-            raise RagError(f"reranker.fuse: weight must be in [0, 1] and k >= 0, got {fuse}")
+        self.set_fuse(fuse)
         if precision not in ("fp32", "bf16"):
             raise RagError(f"reranker.precision must be fp32 or bf16, got {precision!r}")
         if backend not in BACKENDS:
@@ -125,7 +84,6 @@ class CrossEncoderReranker(UsesCache, Reranker):
         # what the recorded scores depend on besides the texts (made exact when the model loads)
         self._identity: dict[str, Any] = {"model": self.model_name, "max_length": self.max_length, "precision": precision,
                                           "backend": backend}
-        self._recording = True  # false once the cache refused a record (read-only)
         self._bf16 = False  # bf16 autocast in effect: settled when the model loads (rag.reranker.training.fit.use_bf16)
         if self.model_name == TRAINED:
             from rag.reranker.training.settings import train_settings
@@ -167,13 +125,6 @@ class CrossEncoderReranker(UsesCache, Reranker):
                               "precision": "bf16" if self._bf16 else "fp32", "backend": self.backend}
         return self._model
 
-    def passage(self, chunk: Chunk) -> str:
-        if self.label_passages:
-            from rag.reranker.training.passages import with_label
-
-            return with_label(chunk.doc_id, chunk.text)
-        return chunk.text
-
     def check_questions(self, questions: list[QAItem]) -> None:
         """A `trained:` model learnt from the train part of `train.labelled`: a run must not score
         any of those questions (same id, or the same question text)."""
@@ -207,47 +158,8 @@ class CrossEncoderReranker(UsesCache, Reranker):
                                    for i in range(0, len(pairs), self.batch_size)])
         return predict_logits(model, pairs, self.batch_size, self._bf16)
 
-    def scores_key(self, query: str, passages: list[str]) -> str:
-        h = hashlib.sha256()
-        for p in passages:
-            h.update(p.encode("utf-8", "surrogatepass") + b"\0")
-        return make_key(SCORES, self._identity, {"query": query, "passages": h.hexdigest()})
+    def score_passages(self, query: str, passages: list[str]) -> np.ndarray:
+        return self.score([(query, p) for p in passages])
 
-    def question_scores(self, query: str, passages: list[str], reuse: bool) -> np.ndarray:
-        """One question's logits: recorded ones when `reuse` and present, else scored (and recorded)."""
-        key = self.scores_key(query, passages)
-        if reuse:
-            rec = self.cache.get_record(SCORES, key)
-            if rec is not None and len(rec.get("scores", ())) == len(passages):
-                return np.asarray(rec["scores"], np.float32)
-        scores = self.score([(query, p) for p in passages])
-        if reuse and self._recording:
-            try:
-                self.cache.put_record(SCORES, key, {"scores": [float(x) for x in scores]})
-            except OSError as e:
-                self._recording = False
-                log.warning("reranker: scores are not recorded in the cache (%s); every run scores anew", e)
-        return scores
-
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
-        """The valid candidates among the first top_n of each row, rescored and sorted (ties keep
-        the retrieval order); candidates past top_n follow in retrieval order with lower scores."""
-        if len(queries) != hits.n_queries:
-            raise RagError(f"reranker: {len(queries)} queries but {hits.n_queries} rows of candidates")
-        k = int(k)
-        if k <= 0:
-            return Hits.empty(hits.n_queries, 0)
+    def before_rerank(self) -> None:
         self.model  # noqa: B018 (settles label_passages before the passages are made)
-        rows: list[list[tuple[int, float]]] = []
-        for q in range(hits.n_queries):
-            valid = [int(i) for i in hits.ids[q] if i >= 0]
-            head, tail = valid[: self.top_n], valid[self.top_n :]
-            logits = self.question_scores(queries[q], [self.passage(chunks[i]) for i in head], reuse)
-            s = fuse_scores(logits, self.fuse_method, self.fuse_weight, self.fuse_k)
-            order = np.argsort(-s, kind="stable")  # stable: ties keep the retrieval order
-            row = [(head[j], float(s[j])) for j in order[:k]]
-            if len(row) < k and tail:
-                floor = (float(s.min()) if len(s) else 0.0) - 1.0
-                row += [(i, floor - j) for j, i in enumerate(tail[: k - len(row)])]
-            rows.append(row)
-        return Hits.from_rows(rows, k)

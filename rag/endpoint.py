@@ -1,0 +1,370 @@
+"""One HTTP transport for every model role behind a server: chat completions (`llm=openai`, the
+judge, the listwise reranker), embeddings (`embedder=openai`) and `/rerank` (`reranker=http`).
+
+The connections are httpx's (a pooled, thread-safe client per endpoint); what a request may cost
+is ours, the same for every role. A request is bounded: a per-request timeout and at most
+`max_retries` retries, with exponential backoff and jitter, on what is worth retrying (429, 5xx,
+timeouts, refused or broken connections), honouring the server's Retry-After. Anything else (a
+wrong URL, an unknown model, a bad key, a reply the role cannot read after its retries) is a
+one-line `EndpointError` naming the config node, the URL and the model.
+
+The API key is read from the environment variable the config names (`api_key_env`) and is kept
+out of every message and `repr`; configs, caches and outputs only ever hold the variable's name.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
+
+from rag.types import RagError
+
+log = logging.getLogger(__name__)
+# httpx logs every request at INFO; a run's log would hold one line per chunk batch.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+T = TypeVar("T")
+RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+MAX_RETRY_AFTER_S = 120.0  # a server asking for longer is treated as down rather than waited for
+
+
+class EndpointError(RagError):
+    """A request that failed for good. `transient`: the last failure was of a retryable kind (the
+    retries ran out); otherwise the server refused the request as such (status 400-499)."""
+
+    def __init__(self, message: str, status: int | None = None, transient: bool = False, body: str = "",
+                 unreachable: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.transient = transient
+        self.body = body
+        self.unreachable = unreachable
+
+    @property
+    def fatal(self) -> bool:
+        """True when no other request of the run can succeed either: no server, a bad key, a wrong
+        path or model. A 400, a 5xx or a timeout may be about this one request (a too-long prompt)."""
+        return self.unreachable or self.status in (401, 403, 404)
+
+
+class Cancelled(Exception):
+    """Raised in a worker when another request has already failed for good."""
+
+
+@dataclass
+class Reply(Generic[T]):
+    """What a role's parser made of a successful reply, and what it took."""
+
+    value: T
+    latency_ms: float
+    attempts: int
+
+
+class _Failure(Exception):
+    """One failed attempt: what to say about it, whether to retry, how long the server asked to wait."""
+
+    def __init__(self, text: str, retry: bool, unreachable: bool = False, retry_after: float | None = None,
+                 status: int | None = None):
+        super().__init__(text)
+        self.text, self.retry, self.unreachable, self.retry_after, self.status = (
+            text, retry, unreachable, retry_after, status)
+
+
+@dataclass
+class Endpoint:
+    """One server and model. `what` names the config node in messages (`llm`, `embedder`,
+    `reranker`, `eval.judge`); `connections` bounds the pool (the role's concurrency)."""
+
+    base_url: str
+    model: str
+    api_key_env: str | None = None
+    timeout_s: float = 120.0
+    max_retries: int = 4
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    what: str = "llm"
+    connections: int = 8
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(str(self.base_url))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise RagError(f"{self.what}.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
+                           f"got {self.base_url!r}")
+        if not self.model or not str(self.model).strip():
+            raise RagError(f"{self.what}.model must name the model the endpoint serves")
+        for name in ("timeout_s", "backoff_s", "max_backoff_s"):
+            if float(getattr(self, name)) <= 0:
+                raise RagError(f"{self.what}.{name} must be positive, got {getattr(self, name)}")
+        if int(self.max_retries) < 0:
+            raise RagError(f"{self.what}.max_retries must be >= 0, got {self.max_retries}")
+        self.base_url = str(self.base_url).rstrip("/")
+        self._key = self._read_key()
+        self._client: Any = None
+
+    def _read_key(self) -> str | None:
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(str(self.api_key_env), "")
+        if not key:
+            raise RagError(f"{self.what}.api_key_env={self.api_key_env}: the environment variable {self.api_key_env} "
+                           "is not set (export it, or set api_key_env=null for a server without keys)")
+        return key
+
+    def __repr__(self) -> str:  # never the key
+        return f"{type(self).__name__}({self.base_url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
+
+    def __getstate__(self) -> dict[str, Any]:  # a pickled endpoint (a sweep's job) opens its own pool
+        state = dict(self.__dict__)
+        state["_client"], state["_lock"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # -- transport --------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        import httpx
+
+        with self._lock:
+            if self._client is None:
+                headers = {"Accept": "application/json"}
+                if self._key:
+                    headers["Authorization"] = f"Bearer {self._key}"
+                n = max(1, int(self.connections))
+                self._client = httpx.Client(headers=headers, timeout=float(self.timeout_s), follow_redirects=True,
+                                            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    def redact(self, text: str) -> str:
+        return text.replace(self._key, "***") if self._key else text
+
+    def _send(self, method: str, path: str, payload: dict[str, Any] | None) -> tuple[int, dict[str, str], str]:
+        """One attempt: (status, lower-cased headers, body), or a `_Failure` for the transport's errors."""
+        import httpx
+
+        try:
+            resp = self.client.request(method, self.url(path), json=payload)
+        except httpx.TimeoutException:
+            raise _Failure(f"no response within {self.timeout_s:g} s ({self.what}.timeout_s)", retry=True) from None
+        except httpx.ConnectError as e:
+            text = str(e)
+            if "Name or service not known" in text or "nodename nor servname" in text or "getaddrinfo" in text \
+                    or "Temporary failure in name resolution" in text:
+                raise EndpointError(f"{self.what}: cannot resolve the host of {self.base_url} ({_one_line(text)}); "
+                                    f"check {self.what}.base_url", unreachable=True) from None
+            if "SSL" in text or "certificate" in text.lower():
+                raise EndpointError(f"{self.what}: TLS error talking to {self.base_url}: {_one_line(text)}",
+                                    unreachable=True) from None
+            what = "connection refused" if "refused" in text.lower() else _one_line(text) or type(e).__name__
+            raise _Failure(f"cannot connect to {self.base_url} ({what})", retry=True, unreachable=True) from None
+        except (httpx.TransportError, httpx.DecodingError) as e:  # reset, broken pipe, protocol errors
+            raise _Failure(f"the connection broke ({type(e).__name__})", retry=True) from None
+        return resp.status_code, {k.lower(): v for k, v in resp.headers.items()}, resp.text
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def post(self, path: str, payload: dict[str, Any], parse: Callable[[Any], T | None],
+             stop: threading.Event | None = None) -> Reply[T]:
+        """POST `payload` to `path`, retried on transient failures; `parse` turns the JSON reply
+        into the role's value (None: unreadable, retried like a 5xx). `stop` set by another thread
+        ends the retries early (with `Cancelled`)."""
+        t0 = time.perf_counter()
+        last, unreachable, status = "no attempt", False, None
+        for attempt in range(int(self.max_retries) + 1):
+            if stop is not None and stop.is_set():
+                raise Cancelled()
+            delay = None
+            try:
+                code, headers, text = self._send("POST", path, payload)
+            except _Failure as f:
+                last, unreachable, status = f.text, f.unreachable, None
+            else:
+                unreachable = False
+                if code == 200:
+                    try:
+                        value = parse(json.loads(text))
+                    except ValueError:
+                        value = None
+                    if value is not None:
+                        return Reply(value, 1000.0 * (time.perf_counter() - t0), attempt + 1)
+                    last, status = f"an unreadable response body: {_one_line(self.redact(text))[:200]}", None
+                elif code in RETRY_STATUS:
+                    last, status = f"HTTP {code}: {self.redact(_error_message(text))}", code
+                    delay = _retry_after(headers)
+                else:
+                    raise self._refused("POST", path, code, text)
+            if attempt < int(self.max_retries):
+                pause = self._backoff(attempt, delay)
+                log.info("%s: %s; retry %d/%d in %.1f s", self.what, last, attempt + 1, self.max_retries, pause)
+                if stop is not None:
+                    if stop.wait(pause):
+                        raise Cancelled()
+                else:
+                    time.sleep(pause)
+        seconds = time.perf_counter() - t0
+        hint = " - is the server running?" if "refused" in last else ""
+        raise EndpointError(
+            f"{self.what}: POST {self.url(path)} failed after {_attempts(int(self.max_retries) + 1)} "
+            f"over {seconds:.1f} s: {last}{hint} ({self.what}.model={self.model})", status=status, transient=True,
+            unreachable=unreachable)
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, MAX_RETRY_AFTER_S)
+        # exponential with jitter, so that parallel workers do not retry in lockstep
+        return min(float(self.max_backoff_s), float(self.backoff_s) * 2**attempt) * random.uniform(0.5, 1.0)
+
+    def _refused(self, method: str, path: str, status: int, text: str) -> EndpointError:
+        msg = self.redact(_error_message(text))
+        where = f"{method} {self.url(path)} -> HTTP {status}: {msg}"
+        if status in (401, 403):
+            key = (f"the key in ${self.api_key_env}" if self.api_key_env else
+                   f"no key was sent: set {self.what}.api_key_env to the name of the variable that holds it")
+            hint = f"the server rejected the API key ({key})"
+        elif status == 404:
+            hint = (f"wrong {self.what}.base_url (it usually ends in /v1) or a model the server does not serve "
+                    f"({self.what}.model={self.model})")
+        else:
+            hint = f"{self.what}.model={self.model}"
+        return EndpointError(f"{self.what}: {where} - {hint}", status=status, body=msg)
+
+    def check(self) -> list[str] | None:
+        """A cheap look before a run: GET /models. A refused connection or a rejected key stops
+        here, before any work; a listed model set without this model is an unknown model. Servers
+        without a usable /models (some answer 404 or 500) are let through: the first request
+        reports what is wrong. Returns the served model ids when the server lists them."""
+        try:
+            status, _, text = self._send("GET", "/models", None)
+        except _Failure as f:
+            if f.unreachable and "refused" in f.text:
+                raise EndpointError(f"{self.what}: cannot connect to {self.base_url} (connection refused) - is the "
+                                    f"server running? ({self.what}.base_url)", unreachable=True) from None
+            log.warning("%s: GET %s failed (%s); going on", self.what, self.url("/models"), f.text)
+            return None
+        if status in (401, 403):
+            raise self._refused("GET", "/models", status, text)
+        if status != 200:
+            return None
+        try:
+            ids = [str(m["id"]) for m in json.loads(text).get("data", [])]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if ids and self.model not in ids:
+            shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+            raise EndpointError(f"{self.what}: the server at {self.base_url} does not serve model {self.model!r} "
+                                f"({self.what}.model); it serves: {shown}", status=404)
+        return ids
+
+
+def map_concurrent(fn: Callable[[T, threading.Event], Any], items: Sequence[T], concurrency: int,
+                   is_fatal: Callable[[BaseException], bool] = lambda e: True) -> Iterator[tuple[int, Any]]:
+    """Runs `fn(item, stop)` over `items` on `concurrency` threads and yields (index, result) as
+    they finish. An exception for which `is_fatal` holds stops the rest: queued items are
+    cancelled, `stop` is set for the running ones (their retries end), the results that still
+    arrive are yielded, then the first fatal exception is raised. A non-fatal exception is yielded
+    as the result (the caller decides what it means)."""
+    stop = threading.Event()
+    first: BaseException | None = None
+
+    def work(item: T) -> Any:
+        if stop.is_set():
+            raise Cancelled()
+        try:
+            return fn(item, stop)
+        except Cancelled:
+            raise
+        except BaseException as e:
+            if is_fatal(e):
+                stop.set()  # here, not in the consumer: a free worker must not start the next item
+            raise
+
+    with ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="endpoint") as pool:
+        pending: dict[Future, int] = {pool.submit(work, item): i for i, item in enumerate(items)}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    i = pending.pop(fut)
+                    if fut.cancelled():
+                        continue
+                    e = fut.exception()
+                    if e is None:
+                        yield i, fut.result()
+                    elif isinstance(e, Cancelled):
+                        continue
+                    elif is_fatal(e):
+                        if first is None:
+                            first = e
+                            stop.set()
+                            for f in pending:
+                                f.cancel()
+                    else:
+                        yield i, e
+        finally:
+            stop.set()
+            for f in pending:
+                f.cancel()
+    if first is not None:
+        raise first
+
+
+def _retry_after(headers: dict[str, str]) -> float | None:
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _attempts(n: int) -> str:
+    return "1 attempt" if n == 1 else f"{n} attempts"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _error_message(text: str) -> str:
+    """The server's own words: OpenAI/vLLM `{"error": {"message"}}`, Ollama/llama.cpp `{"error"}`,
+    FastAPI `{"detail"}`, else the start of the body."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return _one_line(text)[:300] or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error", data.get("detail", data.get("message")))
+        if isinstance(err, dict):
+            err = err.get("message") or err.get("msg") or err
+        if isinstance(err, list) and err and isinstance(err[0], dict):  # FastAPI validation errors
+            err = "; ".join(str(x.get("msg", x)) for x in err[:3])
+        if err:
+            return _one_line(str(err))[:300]
+    return _one_line(text)[:300]

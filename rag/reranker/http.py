@@ -1,0 +1,105 @@
+"""Reranking by a server: `reranker=http`, the `/rerank` request shared by Cohere, Jina, vLLM,
+Infinity and TEI (`query` and the candidates' texts -> `results[{index, relevance_score}]`).
+
+Each question's first `top_n` candidates go in one request of their own, over the shared
+transport (rag/endpoint.py); the scores are recorded per question like the cross-encoder's
+(rag/reranker/pointwise.py: cache, fusion with the first stage, ties in retrieval order), keyed by
+the served model's name (never the URL or the key). A reply whose indexes are missing, repeated or
+out of range is an error naming the endpoint and model, and nothing of it is recorded.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from rag.endpoint import Endpoint, EndpointError
+from rag.reranker.pointwise import PointwiseReranker
+from rag.types import RagError
+
+
+class HTTPReranker(PointwiseReranker):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str | None = None,
+        top_n: int = 20,
+        fuse: dict[str, Any] | None = None,
+        documents_field: str = "documents",
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        cache_namespace: str | None = None,
+        label_passages: bool = False,
+    ):
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n <= 0:
+            raise RagError(f"reranker.top_n must be a positive integer, got {top_n!r}")
+        if documents_field not in ("documents", "texts"):
+            raise RagError(f"reranker.documents_field must be documents (Cohere, Jina, vLLM, Infinity) or texts (TEI), "
+                           f"got {documents_field!r}")
+        self.endpoint = Endpoint(base_url, str(model), api_key_env, timeout_s, max_retries, backoff_s, max_backoff_s,
+                                 what="reranker", connections=1)
+        self.model_name = str(model)
+        self.top_n = top_n
+        self.documents_field = documents_field
+        self.set_fuse(fuse)
+        self.label_passages = bool(label_passages)
+        self._identity = {"engine": "http", "model": self.model_name}
+        if cache_namespace:
+            self._identity["namespace"] = str(cache_namespace)
+        self._lock = threading.Lock()
+        self.usage = {"requests": 0, "documents": 0, "tokens": 0, "seconds": 0.0, "tokens_reported": True}
+
+    def __repr__(self) -> str:
+        return f"HTTPReranker({self.endpoint!r})"
+
+    def warm_up(self) -> None:
+        self.endpoint.check()
+
+    def score_passages(self, query: str, passages: list[str]) -> np.ndarray:
+        n = len(passages)
+        payload = {"model": self.model_name, "query": query, self.documents_field: passages, "top_n": n,
+                   "return_documents": False}
+        reply = self.endpoint.post("/rerank", payload, lambda data: self._scores(data, n))
+        scores, tokens = reply.value
+        with self._lock:
+            u = self.usage
+            u["requests"] += 1
+            u["documents"] += n
+            u["seconds"] += reply.latency_ms / 1000.0
+            if tokens is None:
+                u["tokens_reported"] = False
+            else:
+                u["tokens"] += tokens
+        return scores
+
+    def _scores(self, data: Any, n: int) -> tuple[np.ndarray, int | None] | None:
+        """The scores in the candidates' order; None for a body that is no rerank reply (retried),
+        an EndpointError for one whose indexes do not cover the candidates exactly."""
+        rows = data.get("results", data.get("data")) if isinstance(data, dict) else data  # TEI: a bare list
+        if not isinstance(rows, list):
+            return None
+        scores = np.full(n, np.nan, np.float32)
+        for r in rows:
+            try:
+                i = r["index"]
+                s = float(r["relevance_score"] if "relevance_score" in r else r["score"])
+            except (KeyError, TypeError, ValueError):
+                return None
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n or not np.isnan(scores[i]):
+                raise self._bad_indexes(f"index {i!r} for {n} documents" if not isinstance(i, int) or not 0 <= i < n
+                                        else f"index {i} twice")
+            scores[i] = s
+        missing = np.flatnonzero(np.isnan(scores))
+        if len(missing):
+            raise self._bad_indexes(f"no score for {len(missing)} of {n} documents (e.g. index {int(missing[0])})")
+        usage = data.get("usage") if isinstance(data, dict) else None  # Jina, vLLM; Cohere bills search units
+        tokens = usage.get("total_tokens", usage.get("prompt_tokens")) if isinstance(usage, dict) else None
+        return scores, int(tokens) if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) else None
+
+    def _bad_indexes(self, what: str) -> EndpointError:
+        return EndpointError(f"reranker: POST {self.endpoint.url('/rerank')} answered with {what} "
+                             f"(reranker.model={self.model_name}); nothing of this reply is kept", status=None)

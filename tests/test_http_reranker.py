@@ -1,0 +1,106 @@
+"""`reranker=http` (rag/reranker/http.py): each question's top_n candidates in one /rerank request
+(the Cohere/Jina/vLLM/Infinity shape, or TEI's), sorted by the server's scores with the
+cross-encoder's fusion options, scores recorded per question; a reply whose indexes do not cover
+the candidates exactly is one line and nothing of it is kept. Against a scripted server here;
+tests/test_server.py runs a real one."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rag.cache import ArtifactCache
+from rag.endpoint import EndpointError
+from rag.pipeline import run
+from rag.reranker.http import HTTPReranker
+from rag.reranker.pointwise import SCORES
+from rag.types import Chunk, Hits, RagError
+from tests.conftest import tiny_overrides
+from tests.scripted_endpoint import ScriptedEndpoint
+
+CHUNKS = [Chunk(f"c{i}", f"d{i}", text, "src", 0, len(text), 0) for i, text in enumerate(
+    ["apples and pears", "pears only", "nothing here", "apples apples pears", "plain text"])]
+
+
+def overlap(req, n):
+    """Scores by shared words with the query: a real ranking signal, computed from the request."""
+    q = set(req["query"].split())
+    docs = req.get("documents", req.get("texts"))
+    scores = [len(q & set(d.split())) + 0.01 * d.split().count("apples") for d in docs]
+    results = sorted(({"index": i, "relevance_score": s} for i, s in enumerate(scores)),
+                     key=lambda r: -r["relevance_score"])
+    return 200, {}, {"results": results[: req.get("top_n", len(docs))], "usage": {"total_tokens": 9 * len(docs)}}
+
+
+def reranker(base_url: str, tmp_path, **kw) -> HTTPReranker:
+    r = HTTPReranker(base_url, kw.pop("model", "rr"), backoff_s=0.01, **kw)
+    r.use_cache(ArtifactCache(tmp_path / "cache"))
+    return r
+
+
+def first_stage(n_queries: int = 1) -> Hits:
+    return Hits.from_rows([[(i, 1.0 - 0.1 * i) for i in range(5)] for _ in range(n_queries)], 5)
+
+
+def test_candidates_are_sorted_by_the_servers_scores_and_recorded(tmp_path):
+    with ScriptedEndpoint(rerank=overlap) as srv:
+        rr = reranker(srv.base_url, tmp_path, top_n=4)
+        got = rr.rerank(["apples pears"], first_stage(), CHUNKS, k=3)
+        again = rr.rerank(["apples pears"], first_stage(), CHUNKS, k=3)
+        timed = rr.rerank(["apples pears"], first_stage(), CHUNKS, k=3, reuse=False)
+    assert got.ids[0].tolist() == [3, 0, 1]  # 2 shared words + apples, 2 shared, 1 shared
+    assert again.ids.tolist() == got.ids.tolist() == timed.ids.tolist()
+    sent = srv.posted("/rerank")
+    assert len(sent) == 2, "the second call reads the recorded scores; a timed call (reuse=False) asks again"
+    assert sent[0]["json"] == {"model": "rr", "query": "apples pears", "documents": [c.text for c in CHUNKS[:4]],
+                               "top_n": 4, "return_documents": False}
+    assert rr.usage["requests"] == 2 and rr.usage["documents"] == 8 and rr.usage["tokens"] == 72
+
+
+def test_the_tei_shape_and_rrf_fusion(tmp_path):
+    def tei(req, n):
+        _, _, body = overlap(req, n)
+        return 200, {}, [{"index": r["index"], "score": r["relevance_score"]} for r in body["results"]]
+
+    with ScriptedEndpoint(rerank=tei) as srv:
+        rr = reranker(srv.base_url, tmp_path, documents_field="texts", fuse={"method": "rrf", "weight": 0.0})
+        got = rr.rerank(["apples pears"], first_stage(), CHUNKS, k=5)
+    assert "texts" in srv.posted("/rerank")[0]["json"] and rr.usage["tokens_reported"] is False
+    assert got.ids[0].tolist() == [0, 1, 2, 3, 4], "weight 0 keeps the first stage's order"
+
+
+@pytest.mark.parametrize("results, what", [
+    ([{"index": 0, "relevance_score": 1.0}, {"index": 7, "relevance_score": 0.5}], "index 7 for 3 documents"),
+    ([{"index": 0, "relevance_score": 1.0}, {"index": 0, "relevance_score": 0.5}], "index 0 twice"),
+    ([{"index": 2, "relevance_score": 1.0}], "no score for 2 of 3 documents \\(e.g. index 0\\)"),
+    ([{"index": -1, "relevance_score": 1.0}], "index -1 for 3 documents"),
+])
+def test_a_reply_with_bad_indexes_is_one_line_and_not_kept(tmp_path, results, what):
+    with ScriptedEndpoint(rerank=lambda r, n: (200, {}, {"results": results})) as srv:
+        rr = reranker(srv.base_url, tmp_path, top_n=3)
+        with pytest.raises(EndpointError, match=f"^reranker: POST {srv.base_url}/rerank answered with {what} "
+                                                r"\(reranker.model=rr\); nothing of this reply is kept$"):
+            rr.rerank(["q"], first_stage(), CHUNKS, k=3)
+    assert len(srv.posted("/rerank")) == 1, "not retried: the server answered, wrongly"
+    assert not list((tmp_path / "cache").glob(f"{SCORES}/**/*.json"))
+
+
+def test_settings_are_checked_when_the_config_is_built():
+    with pytest.raises(RagError, match="reranker.top_n must be a positive integer, got 0"):
+        HTTPReranker("http://127.0.0.1:1/v1", "m", top_n=0)
+    with pytest.raises(RagError, match="reranker.documents_field must be documents"):
+        HTTPReranker("http://127.0.0.1:1/v1", "m", documents_field="docs")
+    with pytest.raises(RagError, match="reranker.base_url must be an http"):
+        HTTPReranker("localhost:1", "m")
+    with pytest.raises(RagError, match="reranker.fuse.method must be one of"):
+        HTTPReranker("http://127.0.0.1:1/v1", "m", fuse={"method": "max"})
+
+
+def test_a_run_reranks_through_the_server_and_reports_its_usage(tiny_files, compose_cfg):
+    with ScriptedEndpoint(rerank=overlap, models=["rr"]) as srv:
+        over = [*tiny_overrides(tiny_files), "reranker=http", f"reranker.base_url={srv.base_url}",
+                "reranker.model=rr", "reranker.top_n=6", "eval.metrics=[mrr,hit_at_k_id]"]
+        result = run(compose_cfg(over), tiny_files["out"] / "served")
+    n_q = result["counts"]["questions"]
+    usage = result["usage"]["rerank"]
+    assert usage["requests_sent"] == len(srv.posted("/rerank")) >= n_q and usage["tokens"] > 0
+    assert np.isfinite(result["metrics"]["mrr"]["mean"])
