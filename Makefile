@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup demo test test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean
+.PHONY: setup infinity demo test test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -59,9 +59,18 @@ test-gpu: setup
 
 # llm=openai and eval.judge against a real OpenAI-compatible server (`transformers serve` on
 # 127.0.0.1, serving the packaged SmolLM2); installs the serving extra (a few minutes on 2 cores).
-test-server: setup
+test-server: setup infinity
 	$(PIP) install --quiet -e ".[serving]"
 	$(PYTHON) -m pytest -q -m server
+
+# Infinity (embeddings and /rerank for embedder=openai, reranker=http) in a virtual environment of
+# its own: it pins numpy<2, transformers<=5.0 and sentence-transformers<4 (rag/servers.py).
+INFINITY := .venv-infinity/bin/infinity_emb
+infinity: $(INFINITY)
+$(INFINITY):
+	$(PYTHON) -m venv .venv-infinity
+	.venv-infinity/bin/pip install --quiet "torch==$(TORCH_VERSION)"
+	.venv-infinity/bin/pip install --quiet "infinity-emb[server,torch]==0.0.78"
 
 # report.html opened in headless Chromium (tests/test_browser.py, marker browser): installs
 # Debian's chromium and chromium-driver when missing (as root, with apt-get) and the browser extra

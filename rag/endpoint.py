@@ -165,7 +165,12 @@ class Endpoint:
         import httpx
 
         try:
-            resp = self.client.request(method, self.url(path), json=payload)
+            try:
+                resp = self.client.request(method, self.url(path), json=payload)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                # A kept-alive connection the server closed in the meantime fails at once, before
+                # any response: that is no failed attempt, just a new connection (once).
+                resp = self.client.request(method, self.url(path), json=payload)
         except httpx.TimeoutException:
             raise _Failure(f"no response within {self.timeout_s:g} s ({self.what}.timeout_s)", retry=True) from None
         except httpx.ConnectError as e:

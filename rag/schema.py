@@ -216,7 +216,9 @@ COMPONENT_RULES: dict[str, Check] = {
     "reranker.max_length": integer(1), "reranker.device": device, "reranker.num_threads": integer(1, nullable=True),
     "reranker.backend": string(choices=("torch", "onnx")),
     "reranker.base_url": string(), "reranker.timeout_s": number(above=0), "reranker.max_retries": integer(0),
+    "reranker.window": integer(1), "reranker.step": integer(1), "reranker.passage_chars": integer(1),
     **{f"llm.{k}": c for k, c in LLM.items()},
+    **{f"reranker.llm.{k}": c for k, c in LLM.items()},  # the listwise reranker's generator
 }
 
 

