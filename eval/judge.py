@@ -217,13 +217,15 @@ class Judge:
                     replies[i] = result
             if failed and all(r is None for r in replies):  # nothing to report but failures: a setup problem
                 raise RagError(f"eval.judge: all {len(todo)} requests failed; the first: {next(iter(failed.values()))}")
-        return self._collect(items, tasks, replies, failed, sent=len(todo) - len(failed))
+        return self._collect(items, tasks, replies, failed, sent=len(todo) - len(failed), fresh=set(todo))
 
-    def _collect(self, items: list[Item], tasks: list, replies: list, failed: dict[int, str], sent: int) -> dict[str, Any]:
+    def _collect(self, items: list[Item], tasks: list, replies: list, failed: dict[int, str], sent: int,
+                 fresh: set[int] = frozenset()) -> dict[str, Any]:
         per_q: list[dict[str, Any]] = [
             {m: {"verdicts": [None] * self.repeats, "scores": [None] * self.repeats, "reasons": [None] * self.repeats,
                  "errors": [None] * self.repeats} for m in self.metrics} for _ in items]
         prompt_tokens = completion_tokens = 0
+        sent_tokens = [0, 0]
         for i, (q, metric, r, _) in enumerate(tasks):
             slot = per_q[q][metric]
             rep = replies[i]
@@ -233,6 +235,9 @@ class Judge:
             usage = rep.get("usage") or {}
             prompt_tokens += int(usage.get("prompt_tokens") or 0)
             completion_tokens += int(usage.get("completion_tokens") or 0)
+            if i in fresh:  # sent by this run (the cost of this run)
+                sent_tokens[0] += int(usage.get("prompt_tokens") or 0)
+                sent_tokens[1] += int(usage.get("completion_tokens") or 0)
             try:
                 verdict, reason = parse_verdict(rep.get("reply") or "", RUBRICS[metric].verdicts)
             except Unparseable as e:
@@ -242,7 +247,8 @@ class Judge:
             slot["verdicts"][r], slot["reasons"][r] = verdict, reason
             slot["scores"][r] = RUBRICS[metric].verdicts[verdict]
         stats = {"requests_sent": sent, "requests_failed": len(failed), "from_cache": len(tasks) - sent - len(failed),
-                 "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+                 "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "sent_prompt_tokens": sent_tokens[0], "sent_completion_tokens": sent_tokens[1]}
         return {"metrics": list(self.metrics), "repeats": self.repeats, "per_question": per_q, "stats": stats}
 
 

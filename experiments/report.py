@@ -351,6 +351,13 @@ def summary_markdown(rep: Report, k: Any, source: str) -> str:
                 tf = tf.assign(**{c: tf[c].astype("Int64")})
         lines.append(markdown_table(tf, ["job", "label", *timing_cols, *(["t_total_s"] if t_cols else [])], digits=2))
         lines.append("")
+        served = [c for c in frame.columns if c.endswith("_requests") or c.startswith("cost_")]
+        if served:
+            lines += ["Requests sent to served models and what they cost (`pricing` in the config; answers and "
+                      "judgements from the cache cost nothing again):", ""]
+            lines.append(markdown_table(ok, ["job", "label", *served, *(["currency"] if "currency" in ok else [])],
+                                        digits=4))
+            lines.append("")
 
     if rep.charts:
         lines += ["## Charts", ""]

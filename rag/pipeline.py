@@ -31,7 +31,7 @@ from rag.result import Objective, RunResult
 from rag.retriever import SourceFilter
 from rag.routing import routing_report
 from rag.session import Session, open_session
-from rag.settings import Settings, load
+from rag.settings import Pricing, Settings, load
 from rag.types import Context, Hits
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[s
         qa_split=config.qa_split,
         latency=latency_summary(ranked.latency_rows, ranked.latency_ms, out.generate_ms, ranked.route_ms),
         latency_method=ranked.latency_method,
-        usage=usage_section(out.made, judge_stats, served_parts(session)),
+        usage=usage_section(out.made, judge_stats, served_parts(session), config.pricing),
         timings_s=session.timer.as_dict(),
         artifacts=session.artifacts.record,
         config=config.resolved,
@@ -232,21 +232,38 @@ def served_parts(session: Session) -> dict[str, Any]:
 
 
 def usage_section(made: Answers | None, judge_stats: dict[str, Any] | None,
-                  served: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                  served: dict[str, Any] | None = None, pricing: Pricing | None = None) -> dict[str, Any] | None:
     """metrics.json's `usage` (None: no key): per model role that ran behind a server, the
     requests this run sent and their tokens (embed, rerank: what the server reported; generate:
-    answers taken from the cache and the tokens the answers cost when they were generated; judge)."""
+    answers taken from the cache and the tokens the answers cost when they were generated; judge),
+    and `cost`: what this run's own requests cost at `pricing` (answers and judgements from the
+    cache cost nothing again)."""
     out: dict[str, Any] = {}
     for role, part in (served or {}).items():
         u = part.usage
         out[role] = {"requests_sent": u["requests"], **{k: (round(v, 3) if isinstance(v, float) else v)
                                                         for k, v in u.items() if k != "requests"}}
+        tokens_in = u.get("prompt_tokens", u.get("tokens", 0))
+        out[role]["cost"] = priced(pricing, role, u["requests"], tokens_in, u.get("completion_tokens", 0))
     if made is not None and made.details is not None:
         out["generate"] = {"requests_sent": made.requests, "answers_from_cache": made.resumed,
                            **usage_totals(made.details)}
+        fresh = usage_totals([d for d in made.details if not d.get("from_earlier_run")]) if not made.hit else {}
+        out["generate"]["cost"] = priced(pricing, "generate", made.requests, fresh.get("prompt_tokens", 0),
+                                         fresh.get("completion_tokens", 0))
     if judge_stats is not None:
-        out["judge"] = judge_stats
+        out["judge"] = {**judge_stats, "cost": priced(pricing, "judge", judge_stats.get("requests_sent", 0),
+                                                      judge_stats.get("sent_prompt_tokens", 0),
+                                                      judge_stats.get("sent_completion_tokens", 0))}
+    if out and pricing is not None:
+        out["currency"] = pricing.currency
     return out or None
+
+
+def priced(pricing: Pricing | None, role: str, requests: int, tokens_in: int, tokens_out: int) -> float:
+    if pricing is None:
+        return 0.0
+    return round(pricing.price(role).cost(int(requests or 0), int(tokens_in or 0), int(tokens_out or 0)), 6)
 
 
 def spread(values: list[Any], rows: list[int], n: int, fill: Any = None) -> list[Any]:

@@ -101,7 +101,8 @@ class RunResult:
     def flatten(self, metric_names: Iterable[str] | None = None, *, with_n: bool = True) -> dict[str, Any]:
         """The run as one flat row (the sweep summary's columns; MLflow's metrics):
         objective (its name), objective_value; per metric `m`, `m`, `m_ci_low`, `m_ci_high` and
-        `m_n` (`with_n`); `<corpus>/<m>` (means); `latency_<key>`; `n_<count>`; `t_<stage>_s`.
+        `m_n` (`with_n`); `<corpus>/<m>` (means); `latency_<key>`; `n_<count>`; `t_<stage>_s`; per
+        model role behind a server `<role>_requests` and `cost_<role>`, and `cost_total`.
         `metric_names`: the metric columns (a set of runs shares them; one the run lacks is NaN,
         n 0); default: the run's own."""
         row: dict[str, Any] = {"objective": self.objective.name, "objective_value": self.objective.value}
@@ -112,6 +113,13 @@ class RunResult:
         row.update({f"latency_{k}": v for k, v in self.latency.items()})
         row.update({f"n_{k}": v for k, v in self.counts.items()})
         row.update({f"t_{stage}_s": s for stage, s in self.timings_s.items()})
+        roles = {role: u for role, u in (self.usage or {}).items() if isinstance(u, dict)}
+        for role, u in roles.items():
+            row[f"{role}_requests"] = u.get("requests_sent")
+            row[f"cost_{role}"] = u.get("cost")
+        if roles:
+            row["cost_total"] = sum(float(u.get("cost") or 0.0) for u in roles.values())
+            row["currency"] = (self.usage or {}).get("currency")
         return row
 
     @staticmethod

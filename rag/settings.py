@@ -83,6 +83,54 @@ class RunReport:
     }
 
 
+ROLES = ("embed", "rerank", "generate", "judge")
+PRICE_KEYS = ("input", "output", "request")
+
+
+@dataclass(frozen=True)
+class Price:
+    """What one model role costs: per million input (prompt) tokens, per million output
+    (completion) tokens, and per request (a hosted reranker bills searches). 0 for local models."""
+
+    input: float = 0.0
+    output: float = 0.0
+    request: float = 0.0
+
+    def cost(self, requests: int, input_tokens: int, output_tokens: int) -> float:
+        return requests * self.request + (input_tokens * self.input + output_tokens * self.output) / 1e6
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """The `pricing` node: a price per model role (embed, rerank, generate, judge)."""
+
+    currency: str = "USD"
+    roles: tuple[tuple[str, Price], ...] = ()
+
+    RULES: ClassVar[dict[str, Check]] = {"currency": string(), **{f"{role}.{key}": number(0) for role in ROLES
+                                                                  for key in PRICE_KEYS}}
+
+    @classmethod
+    def from_data(cls, d: dict[str, Any] | None) -> Pricing:
+        d = dict(d or {})
+        currency = str(d.pop("currency", "USD"))
+        roles = []
+        for role, prices in d.items():
+            if not isinstance(prices, dict) and role in ROLES:
+                raise RagError(f"pricing.{role} must be a mapping such as {{input: 0.15, output: 0.6}}, got {prices!r}")
+            if role not in ROLES:
+                raise RagError(f"pricing.{role}: unknown model role; known: {', '.join(ROLES)}")
+            unknown = sorted(set(prices or {}) - set(PRICE_KEYS))
+            if unknown:
+                raise RagError(f"pricing.{role}: unknown key(s) {unknown}; known: {', '.join(PRICE_KEYS)} "
+                               "(per million input tokens, per million output tokens, per request)")
+            roles.append((role, Price(**{k: float(v) for k, v in (prices or {}).items()})))
+        return cls(currency, tuple(roles))
+
+    def price(self, role: str) -> Price:
+        return dict(self.roles).get(role, Price())
+
+
 # eval.*: the scoring settings (eval.scoring.ScoreSettings) and the latency sample (rag.latency).
 EVAL_RULES: dict[str, Check] = {
     "k": integer(1),
@@ -129,6 +177,7 @@ class Settings:
     score: ScoreSettings
     latency: LatencySettings
     embedder: EmbedderLimit
+    pricing: Pricing
     qa_split: dict[str, Any] | None  # which part of a split question set is scored (rag.qa)
     nodes: Nodes
     resolved: dict[str, Any]  # the whole configuration as plain data (metrics.json's `config`)
@@ -148,6 +197,7 @@ RULES: dict[str, Check] = {
     **prefixed("context", ContextSettings.RULES),
     **prefixed("report", RunReport.RULES),
     **prefixed("eval", EVAL_RULES),
+    **prefixed("pricing", Pricing.RULES),
     **COMPONENT_RULES,
 }
 
@@ -180,6 +230,7 @@ def load(cfg: DictConfig) -> Settings:
         score=score,
         latency=LatencySettings.from_config(ev.get("latency")),
         embedder=EmbedderLimit(str(embedder.get("model", "")), embedder.get("max_seq_length")),
+        pricing=Pricing.from_data(data.get("pricing")),
         qa_split=(data.get("qa") or {}).get("split"),
         nodes=Nodes(cfg.corpus, cfg.qa, cfg.chunker, cfg.fusion, cfg.retriever, cfg.reranker, cfg.llm,
                     cfg.eval.embedder, judge if judge is not None and judge.get("enabled", False) else None),

@@ -98,9 +98,12 @@ def test_settings_are_checked_when_the_config_is_built():
 def test_a_run_reranks_through_the_server_and_reports_its_usage(tiny_files, compose_cfg):
     with ScriptedEndpoint(rerank=overlap, models=["rr"]) as srv:
         over = [*tiny_overrides(tiny_files), "reranker=http", f"reranker.base_url={srv.base_url}",
-                "reranker.model=rr", "reranker.top_n=6", "eval.metrics=[mrr,hit_at_k_id]"]
+                "reranker.model=rr", "reranker.top_n=6", "eval.metrics=[mrr,hit_at_k_id]",
+                "pricing.rerank.input=2.0", "pricing.rerank.request=0.001", "pricing.currency=EUR"]
         result = run(compose_cfg(over), tiny_files["out"] / "served")
     n_q = result["counts"]["questions"]
     usage = result["usage"]["rerank"]
     assert usage["requests_sent"] == len(srv.posted("/rerank")) >= n_q and usage["tokens"] > 0
     assert np.isfinite(result["metrics"]["mrr"]["mean"])
+    assert usage["cost"] == pytest.approx(usage["tokens"] * 2.0 / 1e6 + usage["requests_sent"] * 0.001)
+    assert result["usage"]["currency"] == "EUR"

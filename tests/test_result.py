@@ -69,11 +69,16 @@ def test_unknown_keys_are_kept_and_bad_documents_refused():
         RunResult.from_json({**doc, "objective": {"name": "mrr"}})
 
 
+def usage_column(c: str) -> bool:
+    """The columns of served models' requests and cost, added after the summary was frozen."""
+    return c.endswith("_requests") or c.startswith("cost_") or c == "currency"
+
+
 def test_flatten_has_the_summary_columns():
     """Each run's own flat row: the summary's columns for it, with the same values."""
     exp = expected()
     for i, (name, row) in enumerate(zip(NAMES, exp["summary_rows"])):
-        flat = RunResult.from_json(json.loads(text(name))).flatten()
+        flat = {c: v for c, v in RunResult.from_json(json.loads(text(name))).flatten().items() if not usage_column(c)}
         own = {c: v for c, v in row.items() if c in flat}
         assert set(flat) <= set(exp["summary_columns"])
         if i == 0:  # the first run sets the frame's column order
@@ -81,6 +86,18 @@ def test_flatten_has_the_summary_columns():
         assert all(same(flat[c], v) for c, v in own.items())
         missing = set(exp["summary_columns"]) - set(flat)  # only other runs' metrics
         assert all(row[c] is None or (c.endswith("_n") and row[c] == 0) for c in missing)
+
+
+def test_flatten_has_requests_and_cost_per_served_role():
+    doc = json.loads(text("full"))
+    doc["usage"] = {"embed": {"requests_sent": 3, "prompt_tokens": 900, "cost": 0.0009},
+                    "generate": {"requests_sent": 6, "prompt_tokens": 100, "completion_tokens": 50, "cost": 0.25},
+                    "currency": "EUR"}
+    flat = RunResult.from_json(doc).flatten()
+    assert {c: flat[c] for c in flat if usage_column(c)} == {
+        "embed_requests": 3, "cost_embed": 0.0009, "generate_requests": 6, "cost_generate": 0.25,
+        "cost_total": pytest.approx(0.2509), "currency": "EUR"}
+    assert not any(usage_column(c) for c in RunResult.from_json(json.loads(text("baseline"))).flatten())
 
 
 def test_flatten_without_n_is_what_tracking_logs():
@@ -113,7 +130,7 @@ def test_summary_frame_rows_are_unchanged(tmp_path):
     (tmp_path / "sweep" / "3" / "failure.json").write_text(json.dumps({"error_type": "RagError", "message": "boom"}))
     df, _, _ = summary_frame(load_records([tmp_path / "sweep"]))
     exp = expected()
-    cols = list(df.columns)
+    cols = [c for c in df.columns if not usage_column(c)]
     assert cols[cols.index("objective"):cols.index("run_dir")] == exp["summary_columns"]
     for (_, got), want in zip(df.iterrows(), exp["summary_rows"]):
         assert all(same(got[c], v) for c, v in want.items()), want["objective"]
@@ -124,5 +141,5 @@ def test_tracking_metrics_are_unchanged():
 
     exp = expected()["tracking"]
     for name in NAMES:
-        got = metrics_of(json.loads(text(name)))
+        got = {k: v for k, v in metrics_of(json.loads(text(name))).items() if not usage_column(k)}
         assert list(got) == list(exp[name]) and all(same(got[k], v) for k, v in exp[name].items())

@@ -31,6 +31,7 @@ def test_the_default_config_loads_into_typed_settings():
     assert s.slice.docs_per_source == 120 and s.slice.answer_questions_per_corpus is None
     assert s.report.html is True and s.report.max_context_chars == 1200
     assert s.nodes.judge is None  # eval.judge is off by default
+    assert s.pricing.currency == "USD" and s.pricing.price("generate").cost(10, 10**6, 10**6) == 0.0
     for name in ("corpus", "qa", "chunker", "fusion", "retriever", "reranker", "llm", "eval_embedder"):
         assert "_target_" in getattr(s.nodes, name), name
     assert s.resolved["variant"] == "v3" and s.resolved["eval"]["k"] == 5
@@ -54,6 +55,10 @@ def test_the_judge_node_is_kept_only_when_enabled():
     ("+context.label=true", r"^context: unknown key\(s\) \['label'\]; known: labels, expand_neighbors, budget_chars$"),
     ("+eval.latency.samples=3", r"^eval.latency: unknown key\(s\) \['samples'\]"),
     ("report.html=maybe", r"^report.html must be true or false, got 'maybe'$"),
+    ("pricing.generate.input=-1", r"^pricing.generate.input must be >= 0, got -1$"),
+    ("pricing.embed.output=cheap", r"^pricing.embed.output must be a number, got 'cheap'$"),
+    ("+pricing.embd={input: 1}", r"^pricing.embd: unknown model role; known: embed, rerank, generate, judge$"),
+    ("+pricing.judge.per_token=1", r"^pricing.judge: unknown key\(s\) \['per_token'\]; known: input, output, request"),
 ])
 def test_a_bad_value_is_one_line_at_the_door(override, message):
     with pytest.raises(RagError, match=message):
