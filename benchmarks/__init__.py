@@ -29,6 +29,7 @@ FAMILIES = {
     "ray_encoding": "benchmarks.ray_encoding:bench_ray_encoding",  # skips, with its reason, without ray
     "generation": "benchmarks.generation:bench_generation",
     "serving": "benchmarks.serving:bench_serving",  # skips, with its reason, without the serving extra
+    "served_models": "benchmarks.served_models:bench_served_models",  # skips without Infinity (make infinity)
     "generation_speed": "benchmarks.generation_speed:bench_generation_speed",
     "retrieval_latency": "benchmarks.retrieval_latency:bench_retrieval_latency",
     "alpha_sweep": "benchmarks.sweeps:bench_alpha_sweep",
@@ -42,7 +43,7 @@ FAMILIES = {
 # or --only runs them.
 # retrieval_latency embeds the whole `mixed` corpus when its vectors are not cached (~7 min);
 # reranking trains the cross-encoder when it is not cached (~4 min) and reranks 382 questions (~4 min).
-OPT_IN = {"ray_encoding", "generation", "serving", "retrieval_latency", "reranking"}
+OPT_IN = {"ray_encoding", "generation", "serving", "served_models", "retrieval_latency", "reranking"}
 # The sweep costs and the demo's time run only when named (--only), --full included: `make bench`
 # runs them on their own, into outputs/bench, before the families (outputs/bench/families).
 SWEEPS = {"alpha_sweep", "grid_sweep", "demo"}

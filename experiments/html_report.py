@@ -372,6 +372,24 @@ def _result_rows(rep: Report) -> list[dict[str, Any]]:
     return rows
 
 
+def served_rows(rep: Report) -> tuple[list[str], list[dict[str, Any]]]:
+    """(role columns, rows): per run, the requests it sent to served models and their cost
+    (metrics.json `usage`; the summary's Cost section)."""
+    if rep.frame.empty:
+        return [], []
+    roles = [c.removesuffix("_requests") for c in rep.frame.columns if c.endswith("_requests")]
+    if not roles:
+        return [], []
+    rows = []
+    for _, row in rep.frame.iterrows():
+        def num(v: Any, fmt: str) -> str:
+            return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+        cells = [f"{num(row.get(f'{r}_requests'), '.0f')} / {num(row.get(f'cost_{r}'), '.4f')}" for r in roles]
+        rows.append({"label": str(row["label"]), "cells": cells, "total": num(row.get("cost_total"), ".4f"),
+                     "currency": row.get("currency") if isinstance(row.get("currency"), str) else ""})
+    return roles, rows
+
+
 def corpus_rows(rep: Report, metrics: list[str]) -> list[dict[str, Any]]:
     """Mean [95% CI] of each headline metric per question corpus and run (from metrics.json)."""
     bc = rep.by_corpus
@@ -449,6 +467,7 @@ def render_html(rep: Report, records: list[RunRecord]) -> str:
         charts=chart_svgs(rep), runs=[str(x) for x in rep.frame["label"]] if not rep.frame.empty else [],
         config=config_rows(records), objective=MI.label(rep.objective, k), varying=rep.varying,
         corpus_metrics=[MI.label(m, k) for m in rep.headline()], corpus_rows=corpus_rows(rep, rep.headline()),
+        served=served_rows(rep),
         best=None if best is None else {"label": best["label"], "value": MI.fmt(rep.objective, best[rep.objective])},
         n_questions=len(qdata["questions"]), context_limit=qdata["context_limit"], lower_note=MI.LOWER_NOTE,
         data_json=payload, css=(TEMPLATES / "report.css").read_text(encoding="utf-8"),

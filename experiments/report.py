@@ -489,7 +489,8 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
         single = {"mean": row[objective], "lo": row.get(f"{objective}_ci_low"), "hi": row.get(f"{objective}_ci_high"),
                   "n": int(row.get(f"{objective}_n", 0) or 0)}
     runs = [lab for i, lab in enumerate(labels) if records[i].ok and i != base]
-    rep.verdict = V.verdict_text(cmp, baseline_label, runs, k, objective, single)
+    rep.verdict = " ".join(x for x in (V.verdict_text(cmp, baseline_label, runs, k, objective, single),
+                                       V.cost_words(frame)) if x)
     _fault_analysis(rep, records, labels, base)
     return rep
 

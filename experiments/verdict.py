@@ -256,6 +256,19 @@ def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any,
     return " ".join(sentences)
 
 
+def cost_words(frame: Any) -> str:
+    """The verdict's cost line: what each run's requests to served models cost (`pricing`), when
+    any cost anything."""
+    if frame is None or frame.empty or "cost_total" not in frame:
+        return ""
+    ok = frame[(frame["status"] == "ok") & frame["cost_total"].notna()]
+    if ok.empty or not (ok["cost_total"] > 0).any():
+        return ""
+    cur = lambda r: f" {r['currency']}" if isinstance(r.get("currency"), str) else ""
+    runs = ", ".join(f"{r['label']} {float(r['cost_total']):.4f}{cur(r)}" for _, r in ok.iterrows())
+    return f"Served models cost (requests this run sent, at the config's pricing): {runs}."
+
+
 # ---------------------------------------------------------------------------------------------
 # the terminal
 

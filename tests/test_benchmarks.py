@@ -24,7 +24,7 @@ def _check_table(res):
 
 def test_registry_functions_take_quick_and_full():
     assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "ray_encoding",
-                             "generation", "serving", "generation_speed", "retrieval_latency", "alpha_sweep",
+                             "generation", "serving", "served_models", "generation_speed", "retrieval_latency", "alpha_sweep",
                              "grid_sweep", "reranking", "demo"}
     for fn in REGISTRY.values():
         params = inspect.signature(fn).parameters

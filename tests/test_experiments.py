@@ -523,3 +523,14 @@ def test_every_metric_the_scorer_reports_has_a_name_and_a_meaning():
     missing = [m for m in (*ALL_METRICS, "judge_faithfulness", "judge_correctness", LATENCY) if m not in METRICS]
     assert not missing
     assert all(METRICS[m].formula and METRICS[m].high and METRICS[m].low for m in METRICS)
+
+
+def test_the_verdict_says_what_served_models_cost_when_they_cost_anything():
+    from experiments.verdict import cost_words
+
+    frame = pd.DataFrame([{"label": "v2", "status": "ok", "cost_total": 0.0, "currency": "USD"},
+                          {"label": "v3", "status": "ok", "cost_total": 0.01234, "currency": "USD"},
+                          {"label": "v4", "status": "failed", "cost_total": float("nan"), "currency": None}])
+    assert cost_words(frame) == ("Served models cost (requests this run sent, at the config's pricing): "
+                                 "v2 0.0000 USD, v3 0.0123 USD.")
+    assert cost_words(frame.assign(cost_total=0.0)) == "" and cost_words(frame.drop(columns="cost_total")) == ""

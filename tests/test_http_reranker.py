@@ -107,3 +107,5 @@ def test_a_run_reranks_through_the_server_and_reports_its_usage(tiny_files, comp
     assert np.isfinite(result["metrics"]["mrr"]["mean"])
     assert usage["cost"] == pytest.approx(usage["tokens"] * 2.0 / 1e6 + usage["requests_sent"] * 0.001)
     assert result["usage"]["currency"] == "EUR"
+    page = (tiny_files["out"] / "served" / "report.html").read_text()
+    assert "Served models: requests and cost" in page and f"{usage['cost']:.4f} EUR" in page

@@ -259,3 +259,13 @@ def test_listwise_reranking_through_a_served_llm(server, model, data, root):
     assert usage["questions"] == len(TINY_QA) and usage["requests_sent"] >= len(TINY_QA)
     assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
     assert usage["unparsed_questions"] + usage["partial_questions"] <= len(TINY_QA)
+
+
+def test_the_served_models_benchmark_runs_tiny(root, model):
+    from benchmarks.served_models import bench_served_models
+
+    res = bench_served_models(quick=True, full=False, tiny=True, cache_dir=model["cache"])
+    v = res["variants"]
+    assert {"embed_in_process_torch", "embed_in_process_onnx", "rerank_in_process_torch", "embed_served_c1",
+            "rerank_served_c2"} <= set(v)
+    assert v["embed_served_c1"]["min_cosine_vs_torch"] >= 1 - 1e-5 and v["rerank_served_c1"]["same_top5_as_in_process"] == 1.0
