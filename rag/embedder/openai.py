@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rag.endpoint import Endpoint, EndpointError, map_concurrent
+from rag.models import TokenCounter
 from rag.types import RagError
 
 
@@ -43,6 +44,7 @@ class OpenAIEmbedder:
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
         cache_namespace: str | None = None,
+        tokenizer: str | None = None,
     ):
         for name, value in (("batch_size", batch_size), ("concurrency", concurrency)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -58,10 +60,13 @@ class OpenAIEmbedder:
         self.query_prefix = str(query_prefix)
         self.show_progress = bool(show_progress)
         self.cache_namespace = cache_namespace
+        # count tokens here instead of taking the server's usage
+        self.counter = TokenCounter(tokenizer, "embedder.tokenizer") if tokenizer else None
         self._dim: int | None = None
         self._checked = False
         self._lock = threading.Lock()
-        self.usage = {"requests": 0, "prompt_tokens": 0, "texts": 0, "seconds": 0.0, "tokens_reported": True}
+        self.usage = {"requests": 0, "prompt_tokens": 0, "texts": 0, "seconds": 0.0, "tokens_reported": True,
+                      "tokens_counted_by": "tokenizer" if tokenizer else "server"}
 
     def __repr__(self) -> str:
         return f"OpenAIEmbedder({self.endpoint!r})"
@@ -100,6 +105,8 @@ class OpenAIEmbedder:
             payload["dimensions"] = self.dimensions
         reply = self.endpoint.post("/embeddings", payload, lambda data: _vectors(data, len(texts)), stop)
         vecs, tokens = reply.value
+        if self.counter is not None:
+            tokens = self.counter(texts)
         with self._lock:
             u = self.usage
             u["requests"] += 1

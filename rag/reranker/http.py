@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from rag.endpoint import Endpoint, EndpointError
+from rag.models import TokenCounter
 from rag.reranker.pointwise import PointwiseReranker
 from rag.types import RagError
 
@@ -34,6 +35,7 @@ class HTTPReranker(PointwiseReranker):
         max_backoff_s: float = 30.0,
         cache_namespace: str | None = None,
         label_passages: bool = False,
+        tokenizer: str | None = None,
     ):
         if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n <= 0:
             raise RagError(f"reranker.top_n must be a positive integer, got {top_n!r}")
@@ -50,8 +52,11 @@ class HTTPReranker(PointwiseReranker):
         self._identity = {"engine": "http", "model": self.model_name}
         if cache_namespace:
             self._identity["namespace"] = str(cache_namespace)
+        # count tokens here instead of taking the server's usage
+        self.counter = TokenCounter(tokenizer, "reranker.tokenizer") if tokenizer else None
         self._lock = threading.Lock()
-        self.usage = {"requests": 0, "documents": 0, "tokens": 0, "seconds": 0.0, "tokens_reported": True}
+        self.usage = {"requests": 0, "documents": 0, "tokens": 0, "seconds": 0.0, "tokens_reported": True,
+                      "tokens_counted_by": "tokenizer" if tokenizer else "server"}
 
     def __repr__(self) -> str:
         return f"HTTPReranker({self.endpoint!r})"
@@ -65,6 +70,8 @@ class HTTPReranker(PointwiseReranker):
                    "return_documents": False}
         reply = self.endpoint.post("/rerank", payload, lambda data: self._scores(data, n))
         scores, tokens = reply.value
+        if self.counter is not None:
+            tokens = self.counter(passages, pairs_with=query)
         with self._lock:
             u = self.usage
             u["requests"] += 1
