@@ -70,6 +70,9 @@ class SweepSummaryCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _exit_status
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        if config.get("dry_run") or OmegaConf.select(config, "llm.dry_run", default=False):
+            _exit_status = report_dry_sweep(sweep_dir)
+            return
         files: list[Path] = []
         settings = _report_settings(config, self.defaults)
         if self.enabled:
@@ -81,6 +84,22 @@ class SweepSummaryCallback(Callback):
                 tracker.end_sweep(sweep_dir, files)
         except Exception as e:  # noqa: BLE001
             log.warning("tracking: could not close the sweep's run (%s: %s)", type(e).__name__, e)
+
+
+def report_dry_sweep(sweep_dir: Path) -> int:
+    """A dry sweep's last words: the jobs' plans as one (rag.plan.combine), printed and written to
+    the sweep's dry_run.json; 1 when no job made a plan."""
+    import sys
+
+    from rag.plan import PLAN_FILE, format_plan, write_sweep_plan
+
+    combined = write_sweep_plan(sweep_dir)
+    if combined is None:
+        print(f"ragrig: no job of the dry sweep made a plan; see {sweep_dir}", file=sys.stderr)
+        return 1
+    print(format_plan(combined))
+    print(f"plan: {sweep_dir / PLAN_FILE}")
+    return 0
 
 
 def write_sweep_summary(sweep_dir: Path, settings: dict[str, Any] | None = None) -> list[Path]:

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from eval.trec import format_qrels, format_run
 from rag.cache import atomic_write_text
-from rag.llm.answer_cache import format_plan
+from rag.plan import format_plan
 from rag.settings import RunReport
 from rag.types import QAItem, RagError
 

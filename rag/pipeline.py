@@ -10,7 +10,6 @@ docs/architecture.md.
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +19,10 @@ import numpy as np
 from omegaconf import DictConfig
 
 from eval.scoring import add_judge_scores, score
-from rag import latency
+from rag import latency, plan
 from rag.artifacts import Answers, answers_key
-from rag.cache import atomic_write_text
 from rag.corpus.slicing import answer_subset
-from rag.llm.answer_cache import dry_run_plan, usage_totals
+from rag.llm.answer_cache import usage_totals
 from rag.output import trec_files, write_report, write_results
 from rag.query import retrieve_rerank_all
 from rag.result import Objective, RunResult
@@ -66,11 +64,11 @@ def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]
     settings = config if isinstance(config, Settings) else load(config)
     output_dir = Path(output_dir)
     session = open_session(settings)
+    answered = answer_subset(session.qa, settings.slice.answer_questions_per_corpus, settings.slice.seed)
+    if settings.dry_run:
+        return plan.dry_run(session, answered, output_dir)
     ranked = rank(session)
     contexts = session.context_builder.build(ranked.hits, session.chunk_set)
-    answered = answer_subset(session.qa, settings.slice.answer_questions_per_corpus, settings.slice.seed)
-    if getattr(session.generator, "dry_run", False):
-        return dry_run(session, answered, contexts, output_dir)
     out = answer(session, answered, contexts)
     ranked.latency_method["generate"] = (
         "no answers" if out.made is None else "answers from the cache: not timed in this run"
@@ -184,21 +182,6 @@ def run_judge(session: Session, records: list[dict[str, Any]], aggregates: dict[
         judged = session.judge.judge(items, session.cache)
     add_judge_scores([records[i] for i in answered], aggregates, judged, session.settings)
     return {**session.judge.describe(), **judged["stats"]}
-
-
-def dry_run(session: Session, answered: list[int], contexts: list[list[Context]], output_dir: Path) -> dict[str, Any]:
-    """`llm.dry_run=true`: what generating would send (requests, prompt tokens), written to
-    dry_run.json; no request is sent and no metrics are written."""
-    generator = session.generator
-    queries = [session.qa[i].question for i in answered]
-    contexts = [contexts[i] for i in answered]
-    plan = dry_run_plan(generator, queries, contexts, session.cache, answers_key(generator, queries, contexts))
-    if session.judge is not None:
-        plan["judge"] = {**session.judge.describe(),
-                         "requests_at_most": len(queries) * len(session.judge.metrics) * session.judge.repeats}
-    output_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(output_dir / "dry_run.json", json.dumps(plan, indent=2))
-    return {"dry_run": plan}
 
 
 def pipeline_embedder(retriever: Any) -> Any:

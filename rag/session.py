@@ -27,6 +27,7 @@ from rag.latency import LatencySettings
 from rag.corpus.slicing import slice_documents, slice_questions
 from rag.llm import Generator, NoGenerator
 from rag.models import use_cache
+from rag.plan import served
 from rag.reranker.base import Reranker
 from rag.retriever import Retriever
 from rag.settings import Settings, to_plain
@@ -155,11 +156,18 @@ def open_session(settings: Settings, askers: list[Asker] = ()) -> Session:
     if parts.settings.k > len(chunk_set):
         raise RagError(f"eval.k ({parts.settings.k}) is larger than the number of chunks ({len(chunk_set)})")
 
-    parts.retriever.prepare(artifacts)
+    # A dry run (rag.plan) sends nothing: a served embedder's vectors are counted, not built, and
+    # no served part is warmed up (that would ask the server).
+    dense = parts.retriever._dense_part()
+    searchable = not (settings.dry_run and dense is not None and served(dense.embedder))
+    if searchable:
+        parts.retriever.prepare(artifacts)
     parts.reranker.prepare(artifacts)
     with timer.stage("load_models"):
-        parts.retriever.warm_up()
-        parts.reranker.warm_up()
+        if searchable:
+            parts.retriever.warm_up()
+        if not (settings.dry_run and served(parts.reranker)):
+            parts.reranker.warm_up()
     session = Session(settings, cache, timer, parts, qa, docs, len(all_docs), skipped, chunk_set, artifacts)
     if session.depth > len(chunk_set):
         log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", session.depth, len(chunk_set))

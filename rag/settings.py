@@ -181,9 +181,10 @@ class Settings:
     qa_split: dict[str, Any] | None  # which part of a split question set is scored (rag.qa)
     nodes: Nodes
     resolved: dict[str, Any]  # the whole configuration as plain data (metrics.json's `config`)
+    dry_run: bool = False  # count what served roles would send, send nothing (rag.plan)
 
     RULES: ClassVar[dict[str, Check]] = {"variant": string(), "objective": string(),
-                                         "max_doc_chars": integer(1, nullable=True)}
+                                         "max_doc_chars": integer(1, nullable=True), "dry_run": boolean}
 
 
 def prefixed(prefix: str, rules: dict[str, Check]) -> dict[str, Check]:
@@ -235,6 +236,7 @@ def load(cfg: DictConfig) -> Settings:
         nodes=Nodes(cfg.corpus, cfg.qa, cfg.chunker, cfg.fusion, cfg.retriever, cfg.reranker, cfg.llm,
                     cfg.eval.embedder, judge if judge is not None and judge.get("enabled", False) else None),
         resolved=data,
+        dry_run=bool(data.get("dry_run")) or bool((data.get("llm") or {}).get("dry_run")),
     )
 
 

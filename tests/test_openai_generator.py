@@ -122,11 +122,12 @@ def test_dry_run_counts_and_sends_nothing(tiny_files, compose_cfg):
         result = run(run_cfg(compose_cfg, tiny_files, srv, "llm.dry_run=true"), tiny_files["out"])
         assert srv.requests == []
     plan = result["dry_run"]
-    assert plan["requests"] == 6 and plan["cached_answers"] == 0 and plan["prompt_tokens"] > 6 * 50
-    assert "estimated as characters / 4" in plan["prompt_tokens_method"]
+    generate = plan["roles"]["generate"]
+    assert generate["requests"] == 6 and generate["cached"] == 0 and generate["input_tokens"] > 6 * 50
+    assert generate["exact"] and "estimated as characters / 4" in generate["tokens_method"]
     assert json.loads((tiny_files["out"] / "dry_run.json").read_text()) == plan
     assert not (tiny_files["out"] / "metrics.json").exists()
-    assert format_table(result).startswith("dry run: 6 request(s) for 6 question(s)")
+    assert format_table(result).startswith("dry run: 6 request(s) would be sent for 6 question(s)")
 
 
 def test_the_api_key_never_reaches_outputs_logs_or_cache(tiny_files, compose_cfg, monkeypatch, caplog):

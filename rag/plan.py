@@ -1,0 +1,436 @@
+"""The dry run (`dry_run=true`; `llm.dry_run=true` is the same switch): what each model role behind
+a server would send in this run, given what the artifact cache already holds. Nothing is sent,
+not even a `/models` check, and nothing is scored.
+
+Stages that run in process (corpus, chunks, local vectors and indexes, BM25, a local reranker) run
+as in any run: they send nothing, and they decide what the served stages would be asked. Each
+served stage is counted instead of run:
+
+- embed (embedder=openai): the chunk batches when the chunk vectors are not cached; every
+  question's query (one request each: questions are searched one at a time, as a served system
+  searches); the warm-up query; the latency sample's searches (eval.latency: warm-up + sample x
+  repeats, each encoded again: a timed search takes nothing from memory);
+- rerank (reranker=http, or reranker=llm_listwise through llm=openai): one request per question
+  (http) or per window (listwise) whose scores or window answers are not recorded, and the latency
+  sample's, which rerank anew;
+- generate (llm=openai): the answers not in the cache, with their prompt tokens;
+- judge (eval.judge): its verdicts, at most.
+
+Counts are exact up to the first served stage with something to send. What comes after it depends
+on what that stage would answer (a served embedder's query vectors decide the candidates, a served
+reranker's scores the contexts), so from there requests are upper bounds and tokens estimates, and
+each role says which (`exact`). Tokens are counted with the role's tokenizer where one is set
+(embedder.tokenizer, reranker.tokenizer, llm.tokenizer), else estimated as characters / 4.
+
+Each role keeps the cacheable units it would fill (chunk vectors, one question's scores or window
+answer, one answer) under their cache keys, so a sweep's plan (`combine`) counts a unit that
+several of its jobs would build once: the first job builds it and the others read it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.artifacts import answers_key
+from rag.cache import atomic_write_text
+from rag.latency import sample_rows
+from rag.llm.answer_cache import RECORD_KIND, answer_keys
+from rag.reranker.listwise import ORDERS, ListwiseReranker
+from rag.reranker.pointwise import SCORES, PointwiseReranker
+from rag.settings import Pricing
+from rag.types import Context, Hits
+
+CHARS_PER_TOKEN = 4
+ROLES = ("embed", "rerank", "generate", "judge")
+PLAN_FILE = "dry_run.json"
+
+
+def served(part: Any) -> bool:
+    """Whether a component calls a server (it holds an endpoint), itself or through its LLM."""
+    return getattr(part, "endpoint", None) is not None or served(getattr(part, "llm", None)) if part is not None else False
+
+
+def chars_estimate(texts: list[str]) -> int:
+    return int(round(sum(len(t) for t in texts) / CHARS_PER_TOKEN))
+
+
+@dataclass
+class RolePlan:
+    """What one role would send: `units` by cache key (each [requests, items, input tokens, output
+    tokens at most]), the rest (not cached between runs: queries, timed searches, bounds) in `other`."""
+
+    role: str
+    base_url: str
+    model: str
+    items_are: str  # what `items` counts: texts, documents, windows, answers, verdicts
+    exact: bool = True
+    tokens_method: str = ""
+    notes: list[str] = field(default_factory=list)
+    cached: int = 0  # units the cache already holds (not sent)
+    units: dict[str, list[int]] = field(default_factory=dict)
+    other: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+
+    def add(self, requests: int, items: int, tokens_in: int, tokens_out: int = 0, key: str | None = None) -> None:
+        row = self.units.setdefault(key, [0, 0, 0, 0]) if key else self.other
+        for i, v in enumerate((requests, items, tokens_in, tokens_out)):
+            row[i] += int(v)
+
+    def totals(self) -> list[int]:
+        return [sum(col) for col in zip(self.other, *self.units.values())]
+
+    def to_json(self, pricing: Pricing | None) -> dict[str, Any]:
+        requests, items, tokens_in, tokens_out = self.totals()
+        price = (pricing or Pricing()).price(self.role)
+        return {"base_url": self.base_url, "model": self.model, "exact": self.exact, "requests": requests,
+                "items": items, "items_are": self.items_are, "cached": self.cached, "input_tokens": tokens_in,
+                "output_tokens_at_most": tokens_out, "tokens_method": self.tokens_method,
+                "cost": round(price.cost(requests, tokens_in, tokens_out), 6),
+                "price": {"input": price.input, "output": price.output, "request": price.request},
+                "notes": self.notes, "units": self.units, "other": self.other}
+
+
+def endpoint_of(part: Any) -> tuple[str, str]:
+    ep = getattr(part, "endpoint", None) or getattr(getattr(part, "llm", None), "endpoint", None)
+    return ep.base_url, ep.model
+
+
+# ---- the run's plan ----------------------------------------------------------------------------
+
+
+def dry_run(session: Any, answered: list[int], output_dir: Path) -> dict[str, Any]:
+    """The plan of one run (dry_run.json in `output_dir`), returned as {"dry_run": plan}."""
+    qa, chunks = session.qa, session.chunk_set.chunks
+    queries = [q.question for q in qa]
+    roles: dict[str, RolePlan] = {}
+    timed = timed_searches(len(queries), session.latency)
+    retriever, reranker, generator = session.retriever, session.reranker, session.generator
+    dense = retriever._dense_part()
+    first: Hits | None = None
+    if dense is not None and served(dense.embedder):
+        roles["embed"] = plan_embed(session, dense.embedder, queries, timed)
+    else:
+        first = first_stage(session, queries)
+    hits: Hits | None = None
+    if served(reranker):
+        roles["rerank"], hits = plan_rerank(session, reranker, queries, first, timed)
+    elif first is not None:
+        hits = Hits.empty(len(queries), session.settings.k)
+        for q, query in enumerate(queries):
+            row = reranker.rerank([query], one_row(first, q), chunks, session.settings.k)
+            w = min(session.settings.k, row.width)
+            hits.ids[q, :w], hits.scores[q, :w] = row.ids[0, :w], row.scores[0, :w]
+    if served(generator):
+        roles["generate"] = plan_generate(session, generator, [queries[i] for i in answered], hits, first, answered)
+    if session.judge is not None:
+        roles["judge"] = plan_judge(session.judge, len(answered))
+    exact_until = next((r for r in ROLES if r in roles and pending(roles[r])), None)
+    plan = {
+        "questions": len(queries),
+        "answered_questions": len(answered),
+        "roles": {r: roles[r].to_json(session.config.pricing) for r in ROLES if r in roles},
+        "currency": session.config.pricing.currency,
+        "bounded_after": exact_until,
+    }
+    output_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output_dir / PLAN_FILE, json.dumps(plan, indent=2))
+    return {"dry_run": plan}
+
+
+def one_row(hits: Hits, q: int) -> Hits:
+    return Hits(hits.ids[q:q + 1].copy(), hits.scores[q:q + 1].copy())
+
+
+def pending(role: RolePlan) -> bool:
+    return role.totals()[0] > 0
+
+
+def timed_searches(n_questions: int, latency: Any) -> list[int]:
+    """The questions the latency sample searches (again), in order, warm-up included."""
+    rows = [int(i) for i in sample_rows(n_questions, latency.sample)]
+    return rows[: latency.warmup] + rows * int(latency.repeats) if rows else []
+
+
+def first_stage(session: Any, queries: list[str]) -> Hits:
+    """Each question's candidates, searched one at a time as the run searches (in process)."""
+    retriever, qa = session.retriever, session.qa
+    filters = retriever.route(queries)[0] if retriever.routes else retriever.filters_for([q.corpus for q in qa])
+    out = Hits.empty(len(queries), session.depth)
+    for q, (query, f) in enumerate(zip(queries, filters)):
+        row = retriever.search_one(query, session.depth, f)
+        out.ids[q], out.scores[q] = row.ids[0], row.scores[0]
+    return out
+
+
+def count_tokens(counter: Any, texts: list[str], pairs_with: str | None = None) -> int:
+    if counter is not None:
+        return counter(texts, pairs_with=pairs_with) if pairs_with is not None else counter(texts)
+    return chars_estimate(texts) + (chars_estimate([pairs_with]) * len(texts) if pairs_with is not None else 0)
+
+
+def tokens_method(counter: Any, setting: str) -> str:
+    if counter is not None:
+        return f"counted with {setting}={counter.ref}"
+    return f"estimated as characters / {CHARS_PER_TOKEN} (set {setting} to count exactly)"
+
+
+def plan_embed(session: Any, embedder: Any, queries: list[str], timed: list[int]) -> RolePlan:
+    plan = RolePlan("embed", *endpoint_of(embedder), items_are="texts",
+                    tokens_method=tokens_method(embedder.counter, "embedder.tokenizer"))
+    artifacts, counter = session.artifacts, embedder.counter
+    key = artifacts.vectors_key(embedder)
+    if session.cache.lookup("vectors", key) is not None:
+        plan.cached += 1
+    else:
+        # as rag.artifacts.encode_to_npy sends them: a dimension probe, then each distinct text once
+        texts = list(dict.fromkeys(session.chunk_set.texts)) + ["dimension probe"]
+        plan.add(1 - (-(len(texts) - 1) // embedder.batch_size), len(texts), count_tokens(counter, texts), key=key)
+    asked = [embedder.query_prefix + q for q in queries]
+    probe = [embedder.query_prefix + "warm-up"]
+    again = [asked[i] for i in timed]
+    for texts in (asked, probe, again):
+        plan.add(len(texts), len(texts), count_tokens(counter, texts))
+    plan.notes.append(f"queries: {len(asked)} (one request each), 1 warm-up, {len(again)} timed searches "
+                      "(eval.latency; eval.latency.sample=0 sends none)")
+    return plan
+
+
+def plan_rerank(session: Any, reranker: Any, queries: list[str], first: Hits | None,
+                timed: list[int]) -> tuple[RolePlan, Hits | None]:
+    """The rerank role's plan, and the reranked top k when every question's scores are recorded
+    (read from the cache, nothing sent); None when some would be asked for."""
+    chunks, k = session.chunk_set.chunks, session.settings.k
+    listwise = isinstance(reranker, ListwiseReranker)
+    counter = getattr(reranker, "counter", None)
+    plan = RolePlan("rerank", *endpoint_of(reranker), items_are="windows" if listwise else "documents",
+                    tokens_method=(prompt_method(reranker.llm) if listwise else tokens_method(counter, "reranker.tokenizer")))
+    if first is None:
+        bound_rerank(session, reranker, plan, len(queries) + len(timed))
+        return plan, None
+    heads = [[int(i) for i in first.ids[q] if i >= 0][: reranker.top_n] for q in range(len(queries))]
+    for q, query in enumerate(queries):
+        if listwise:
+            windows_to_ask(reranker, plan, query, heads[q], chunks, key_units=True)
+        elif heads[q]:
+            passages = [reranker.passage(chunks[i]) for i in heads[q]]
+            key = reranker.scores_key(query, passages)
+            rec = reranker.cache.get_record(SCORES, key)  # the model cache (paths.model_cache)
+            if rec is not None and len(rec.get("scores", ())) == len(passages):
+                plan.cached += 1
+            else:
+                plan.add(1, len(passages), count_tokens(counter, passages, query), key=key)
+    main_pass_pending = pending(plan)
+    for q in timed:  # timed searches rerank anew
+        if listwise:
+            windows_to_ask(reranker, plan, queries[q], heads[q], chunks, key_units=False)
+        elif heads[q]:
+            passages = [reranker.passage(chunks[i]) for i in heads[q]]
+            plan.add(1, len(passages), count_tokens(counter, passages, queries[q]))
+    plan.notes.append(f"{len(timed)} timed searches rerank again (eval.latency; eval.latency.sample=0 sends none)")
+    if listwise and main_pass_pending:
+        plan.exact = False
+        plan.notes.append("at most: a window answer that cannot be read ends its question's windows")
+    if main_pass_pending:
+        return plan, None
+    hits = Hits.empty(len(queries), k)
+    for q, query in enumerate(queries):  # every score is recorded: the real rerank reads them
+        row = reranker.rerank([query], one_row(first, q), chunks, k)
+        w = min(k, row.width)
+        hits.ids[q, :w], hits.scores[q, :w] = row.ids[0, :w], row.scores[0, :w]
+    return plan, hits
+
+
+def windows_to_ask(reranker: ListwiseReranker, plan: RolePlan, query: str, head: list[int], chunks: list[Any],
+                   key_units: bool) -> None:
+    """A listwise question's windows, bottom to top, following recorded answers; from the first
+    window not recorded on, every remaining window is counted (its passages as they stand, since
+    the order an answer would give is unknown)."""
+    ranked, end, asking = list(head), len(head), not key_units
+    llm = reranker.llm
+    while end > 0:
+        start = max(0, end - reranker.window)
+        rows = ranked[start:end]
+        passages = [reranker.passage(chunks[r]) for r in rows]
+        key = reranker._key(query, passages)
+        if not asking:
+            rec = reranker.cache.get_record(ORDERS, key)
+            if rec is not None:
+                from rag.reranker.listwise import read_order
+
+                got, status = read_order(rec["answer"], len(passages))
+                plan.cached += 1
+                if status != "ok":
+                    return
+                ranked[start:end] = [rows[i] for i in got]
+            else:
+                asking = True
+        if asking:
+            plan.add(1, 1, prompt_tokens(llm, query, passages), int(getattr(llm, "max_tokens", 0) or 0),
+                     key=key if key_units else None)
+        if start == 0:
+            break
+        end -= reranker.step
+
+
+def prompt_tokens(llm: Any, query: str, contexts: list[Context]) -> int:
+    if hasattr(llm, "count_prompt_tokens"):
+        return int(llm.count_prompt_tokens([query], [contexts])[0][0])
+    return chars_estimate([query] + [c.text for c in contexts])
+
+
+def prompt_method(llm: Any) -> str:
+    if hasattr(llm, "count_prompt_tokens"):
+        return llm.count_prompt_tokens(["x"], [[]])[1]
+    return f"estimated as characters / {CHARS_PER_TOKEN}"
+
+
+def mean_chunk_chars(session: Any) -> float:
+    texts = session.chunk_set.texts
+    return float(np.mean([len(t) for t in texts])) if texts else 0.0
+
+
+def bound_rerank(session: Any, reranker: Any, plan: RolePlan, searches: int) -> None:
+    """No candidates are known (a served embedder's queries decide them): every search reranks,
+    each over top_n chunks of the corpus's mean length."""
+    n_docs = min(reranker.top_n, len(session.chunk_set))
+    mean = mean_chunk_chars(session)
+    plan.exact = False
+    if isinstance(reranker, ListwiseReranker):
+        windows = 1 + max(0, -(-(n_docs - reranker.window) // reranker.step))
+        per_window = min(reranker.window, n_docs) * min(mean, reranker.passage_chars) / CHARS_PER_TOKEN
+        empty = prompt_tokens(reranker.llm, "", [])
+        out = int(getattr(reranker.llm, "max_tokens", 0) or 0)
+        plan.add(searches * windows, searches * windows, int(searches * windows * (empty + per_window)),
+                 searches * windows * out)
+    else:
+        plan.add(searches, searches * n_docs, int(searches * n_docs * mean / CHARS_PER_TOKEN))
+    plan.tokens_method = (f"estimated: the candidates depend on the served embedder's answers; each search "
+                          f"counted over {n_docs} passages of the corpus's mean length, characters / {CHARS_PER_TOKEN}")
+    plan.notes.append(f"at most: {searches} searches (questions and timed searches), candidates not known")
+
+
+def plan_generate(session: Any, generator: Any, queries: list[str], hits: Hits | None, first: Hits | None,
+                  answered: list[int]) -> RolePlan:
+    plan = RolePlan("generate", *endpoint_of(generator), items_are="answers")
+    max_tokens = int(getattr(generator, "max_tokens", 0) or 0)
+    if hits is not None:  # the contexts are the run's own: answers in the cache are known
+        contexts = session.context_builder.build(hits, session.chunk_set)
+        contexts = [contexts[i] for i in answered]
+        counts, plan.tokens_method = generator.count_prompt_tokens(queries, contexts)
+        if session.cache.lookup("answers", answers_key(generator, queries, contexts)) is not None:
+            plan.cached = len(queries)
+            return plan
+        keys = answer_keys(generator.id, queries, contexts)
+        for i, key in enumerate(keys):
+            if getattr(generator, "resumable", False) and session.cache.get_record(RECORD_KIND, key) is not None:
+                plan.cached += 1
+            else:
+                plan.add(1, 1, counts[i], max_tokens, key=key)
+        return plan
+    plan.exact = False
+    if first is not None:  # contexts from the first stage's top k: the reranker's order is not known
+        contexts = session.context_builder.build(first.top(session.settings.k), session.chunk_set)
+        counts, method = generator.count_prompt_tokens(queries, [contexts[i] for i in answered])
+        plan.tokens_method = f"estimated on the first stage's top k (the served reranker's order is not known); {method}"
+    else:
+        bare, method = generator.count_prompt_tokens(queries, [[] for _ in queries])
+        extra = session.settings.k * mean_chunk_chars(session) / CHARS_PER_TOKEN
+        counts = [int(b + extra) for b in bare]
+        plan.tokens_method = (f"estimated: the contexts depend on the served embedder's answers; each prompt "
+                              f"{method.split(' (')[0]}, plus k chunks of the corpus's mean length / {CHARS_PER_TOKEN}")
+    for c in counts:
+        plan.add(1, 1, int(c), max_tokens)
+    plan.notes.append("at most: answers already cached for the contexts the run will build are not sent")
+    return plan
+
+
+def plan_judge(judge: Any, answered: int) -> RolePlan:
+    d = judge.describe()
+    plan = RolePlan("judge", d["base_url"], d["model"], items_are="verdicts", exact=False,
+                    tokens_method="not counted (the judge's prompts hold the answers, not generated in a dry run)")
+    n = answered * len(judge.metrics) * judge.repeats
+    plan.add(n, n, 0, 0)
+    plan.notes.append(f"at most: {answered} answers x {list(judge.metrics)} x {judge.repeats} repeat(s); "
+                      "verdicts already cached are not sent")
+    return plan
+
+
+# ---- a sweep's plan ----------------------------------------------------------------------------
+
+
+def combine(plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plans of a sweep's jobs as one: each role's requests and tokens over the jobs, a cache
+    unit that several jobs would fill counted once (the first job builds it, the rest read it)."""
+    out: dict[str, Any] = {"jobs": len(plans), "roles": {}, "currency": next((p.get("currency") for p in plans), "USD")}
+    for role in ROLES:
+        mine = [p["roles"][role] for p in plans if role in p.get("roles", {})]
+        if not mine:
+            continue
+        units: dict[str, list[int]] = {}
+        other = [0, 0, 0, 0]
+        for r in mine:
+            units.update(r["units"])
+            other = [a + b for a, b in zip(other, r["other"])]
+        requests, items, tokens_in, tokens_out = [sum(col) for col in zip(other, *units.values())]
+        price = mine[0]["price"]
+        cost = (requests * price["request"] + tokens_in * price["input"] / 1e6 + tokens_out * price["output"] / 1e6)
+        out["roles"][role] = {
+            "jobs": len(mine), "requests": requests, "items": items, "items_are": mine[0]["items_are"],
+            "input_tokens": tokens_in, "output_tokens_at_most": tokens_out, "exact": all(r["exact"] for r in mine),
+            "shared_units": sum(len(r["units"]) for r in mine) - len(units), "cost": round(cost, 6),
+            "endpoints": sorted({f"{r['base_url']} ({r['model']})" for r in mine}),
+        }
+    return out
+
+
+# ---- printing ----------------------------------------------------------------------------------
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    """The lines a dry run prints (one run's plan, or a sweep's from `combine`)."""
+    roles = plan.get("roles", {})
+    total = sum(r["requests"] for r in roles.values())
+    if "jobs" in plan:
+        lines = [f"dry run (sweep of {plan['jobs']} job(s)): {total} request(s) would be sent; nothing was sent"]
+    else:
+        lines = [f"dry run: {total} request(s) would be sent for {plan['questions']} question(s) "
+                 f"({plan['answered_questions']} answered); nothing was sent"]
+    if not roles:
+        lines.append("  no model role is served in this configuration: every model runs in process")
+    for role, r in roles.items():
+        at_most = "" if r["exact"] else "at most "
+        where = r.get("endpoints") or [f"{r['base_url']} ({r['model']})"]
+        cached = f", {r['cached']} cached" if r.get("cached") else ""
+        shared = f", {r['shared_units']} shared between jobs counted once" if r.get("shared_units") else ""
+        out = f", output at most {r['output_tokens_at_most']}" if r["output_tokens_at_most"] else ""
+        cost = f", cost {r['cost']:.4f} {plan.get('currency', 'USD')}" if r["cost"] else ""
+        counted = not str(r.get("tokens_method", "")).startswith("not counted")
+        tokens = f"input tokens {r['input_tokens']}" if counted else "tokens not counted"
+        lines.append(f"  {role:<8} {at_most}{r['requests']} request(s), {r['items']} {r['items_are']}{cached}{shared}; "
+                     f"{tokens}{out}{cost}  [{', '.join(where)}]")
+        if r.get("tokens_method") and counted:
+            lines.append(f"           tokens {r['tokens_method']}")
+        for note in r.get("notes", ()):
+            lines.append(f"           {note}")
+    if plan.get("bounded_after"):
+        lines.append(f"  counts are exact through {plan['bounded_after']}; the roles after it depend on its answers "
+                     "(upper bounds, estimated tokens)")
+    return "\n".join(lines)
+
+
+def write_sweep_plan(sweep_dir: Path) -> dict[str, Any] | None:
+    """Combines the dry_run.json of every job under `sweep_dir` into the sweep's own (None: no
+    job wrote one)."""
+    from rag.rundir import belongs_to_sweep, read_sweep_stamp
+
+    stamp = read_sweep_stamp(sweep_dir)
+    plans = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob(f"*/{PLAN_FILE}"))
+             if stamp is None or belongs_to_sweep(p.parent, stamp)]  # not a job of an earlier sweep here
+    if not plans:
+        return None
+    combined = combine(plans)
+    atomic_write_text(sweep_dir / PLAN_FILE, json.dumps(combined, indent=2))
+    return combined
