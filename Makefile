@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup infinity demo test test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean
+.PHONY: setup infinity demo test test-chroma test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -62,6 +62,15 @@ test-gpu: setup
 test-server: setup infinity
 	$(PIP) install --quiet -e ".[serving]"
 	$(PYTHON) -m pytest -q -m server
+
+# index=chroma (Chroma's embedded client): the extra installed with the versions the project
+# already runs on held fixed (chromadb would otherwise pull newer pydantic, urllib3, dateutil),
+# then its tests (tests/test_chroma.py, skipped by `make test` without chromadb). CI runs it.
+HELD := torch|transformers|numpy|pandas|pydantic|pydantic-core|python-dateutil|urllib3|hydra-core|omegaconf|faiss-cpu|onnxruntime|tokenizers|huggingface-hub
+test-chroma: setup
+	$(PIP) freeze | grep -iE '^($(HELD))==' > outputs/.chroma-constraints.txt
+	$(PIP) install --quiet -c outputs/.chroma-constraints.txt -e ".[chroma]"
+	$(PYTHON) -m pytest -q tests/test_chroma.py
 
 # Infinity (embeddings and /rerank for embedder=openai, reranker=http) in a virtual environment of
 # its own: it pins numpy<2, transformers<=5.0 and sentence-transformers<4 (rag/servers.py).

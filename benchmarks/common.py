@@ -350,9 +350,10 @@ def pubmedqa_chunks(n: int) -> list[str]:
 
     from rag.corpus import PubMedQACorpus
     from rag.session import create
+    from rag.settings import chunker_node
 
     docs = PubMedQACorpus(pubmedqa_path()).load()
-    chunker = create(OmegaConf.load(PROJECT_ROOT / "conf" / "chunker" / "sliding_window.yaml"))
+    chunker = create(chunker_node(OmegaConf.load(PROJECT_ROOT / "conf" / "chunker" / "sliding_window.yaml")))
     out: list[str] = []
     for d in docs:
         out.extend(c.text for c in chunker.split(d))

@@ -1,5 +1,5 @@
-"""Dense retrieval: the harness's FAISS indexes (rag/index.py, settings from conf/index/*.yaml)
-on structured synthetic 384-d vectors.
+"""Dense retrieval: the harness's FAISS indexes (rag/index.py, settings from conf/index/*.yaml),
+and Chroma (rag/chroma.py) when its extra is installed, on structured synthetic 384-d vectors.
 
 Per index type and size: build time, one-query latency (median), batched throughput (QPS),
 recall@10 against exact search (IndexFlatL2 on the same vectors), and, for the flat scans, the
@@ -9,6 +9,7 @@ faster of the two). A ratio near 1 means the scan is as fast as reading the vect
 """
 from __future__ import annotations
 
+import importlib.util
 import time
 from typing import Any
 
@@ -27,7 +28,7 @@ from benchmarks.common import (
 )
 from rag.config import PROJECT_ROOT
 
-INDEX_TYPES = ("flat_l2", "flat_ip", "hnsw", "ivf")
+INDEX_TYPES = ("flat_l2", "flat_ip", "hnsw", "ivf", "chroma")  # chroma: when the chroma extra is installed
 DIM = 384
 K = 10
 # Cases estimated over ~5 minutes on 2 cores run only with full=True.
@@ -101,7 +102,9 @@ def bench_case(name: str, x: np.ndarray, queries: np.ndarray, exact_ids: np.ndar
 
     threads = faiss.omp_get_max_threads()
     single = per_call_ms(lambda q: index.search(q, K), one_at_a_time)
-    single_raw = per_call_ms(lambda q: index.index.search(q, K), one_at_a_time)
+    # (Chroma has no FAISS index beneath: its own search is its only one)
+    raw = index.index.search if index.index is not None else (lambda q, k: index.search(q, k))
+    single_raw = per_call_ms(lambda q: raw(q, K), one_at_a_time)
     t0 = time.perf_counter()
     hits = index.search(queries, K)
     batch_s = time.perf_counter() - t0
@@ -139,6 +142,9 @@ def bench_faiss(quick: bool = True, full: bool = False, sizes: tuple[int, ...] |
         floors[n] = bandwidth_floor(x)
         exact_ids = None
         for name in INDEX_TYPES:
+            if name == "chroma" and importlib.util.find_spec("chromadb") is None:
+                skipped.append({"index": name, "n": n, "reason": 'chromadb is not installed (pip install -e ".[chroma]")'})
+                continue
             if (name, n) in FULL_ONLY and not full:
                 skipped.append({"index": name, "n": n, "reason": FULL_ONLY[(name, n)] + " (full=True runs it)"})
                 continue

@@ -46,6 +46,9 @@ ENCODE_BLOCK = 8192
 class ChunkSet:
     key: str
     chunks: list[Chunk]
+    # chunker.contextualize (rag/chunker/contextualize.py): per chunk, a line indexed before its text
+    prefixes: list[str] | None = None
+    context: str = "none"
     sources: np.ndarray = field(init=False)  # chunk row -> source tag, for metadata filters
 
     def __post_init__(self) -> None:
@@ -55,7 +58,29 @@ class ChunkSet:
 
     @property
     def texts(self) -> list[str]:
+        """The chunks' own texts: what contexts, passages and metrics read."""
         return [c.text for c in self.chunks]
+
+    @property
+    def indexed_texts(self) -> list[str]:
+        """What the pipeline's embedder and BM25 index: the texts, after their prefixes if any."""
+        if self.prefixes is None:
+            return self.texts
+        return [f"{p}\n{c.text}" for p, c in zip(self.prefixes, self.chunks)]
+
+    def indexed_key(self) -> dict[str, str]:
+        """What an index over `indexed_texts` is keyed by (the chunks' key alone without prefixes,
+        so those keys are unchanged by the setting's existence)."""
+        return {"chunks": self.key} if self.prefixes is None else {"chunks": self.key, "context": self.context}
+
+    def contextualized(self, mode: str, prefixes: list[str] | None) -> "ChunkSet":
+        """The same chunks indexed with `prefixes` (a new set: the plain one is shared in memory
+        by the jobs of a sweep)."""
+        if prefixes is None:
+            return self
+        if len(prefixes) != len(self.chunks):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(self.chunks)} chunks")
+        return ChunkSet(self.key, self.chunks, prefixes, mode)
 
     def row_of(self, doc_id: str, position: int) -> int | None:
         """Chunk row of a document's chunk at `position` (None past either end)."""
@@ -152,18 +177,22 @@ class Artifacts:
 
     # -- vectors, indexes ------------------------------------------------------------------------
 
-    def vectors_key(self, embedder: SentenceTransformerEmbedder) -> str:
-        return make_key("vectors", embedder.id, {"chunks": self.chunk_set.key})
+    def vectors_key(self, embedder: SentenceTransformerEmbedder, indexed: bool = True) -> str:
+        """`indexed`: of the texts the pipeline indexes (with chunker.contextualize's prefixes);
+        else of the chunks' own texts (what the evaluation embedder encodes)."""
+        return make_key("vectors", embedder.id, self.chunk_set.indexed_key() if indexed else {"chunks": self.chunk_set.key})
 
-    def vectors(self, embedder: SentenceTransformerEmbedder) -> np.ndarray:
+    def vectors(self, embedder: SentenceTransformerEmbedder, indexed: bool = True) -> np.ndarray:
         """float32 [n_chunks, dim], memory-mapped from the cache."""
-        key = self.vectors_key(embedder)
+        key = self.vectors_key(embedder, indexed)
+        texts = self.chunk_set.indexed_texts if indexed else self.chunk_set.texts
+        inputs = self.chunk_set.indexed_key() if indexed else {"chunks": self.chunk_set.key}
 
         def build(tmp: Path) -> dict:
-            return encode_to_npy(embedder, self.chunk_set.texts, tmp / VECTORS_FILE)
+            return encode_to_npy(embedder, texts, tmp / VECTORS_FILE)
 
         with self.timer.stage("embed"):
-            art = self.cache.get_or_build("vectors", key, build, inputs={"chunks": self.chunk_set.key, **embedder.id})
+            art = self.cache.get_or_build("vectors", key, build, inputs={**inputs, **embedder.id})
         self._note("vectors", key, art.hit)
         vecs = np.load(art.file(VECTORS_FILE), mmap_mode="r", allow_pickle=False)
         if vecs.shape[0] != len(self.chunk_set):
@@ -189,16 +218,16 @@ class Artifacts:
 
     def bm25(self, bm25: BM25Index) -> tuple[BM25Index, str]:
         """`bm25` built over the chunk texts (or loaded), and its key."""
-        key = make_key("bm25", bm25.params, {"chunks": self.chunk_set.key})
+        key = make_key("bm25", bm25.params, self.chunk_set.indexed_key())
         with self.timer.stage("bm25"):
             if not bm25.persistent:
                 # rank_bm25 has no file format; it is rebuilt in memory (it is the slow reference).
-                bm25.build(self.chunk_set.texts)
+                bm25.build(self.chunk_set.indexed_texts)
                 self._note("bm25", key, False)
                 return bm25, key
 
             def build(tmp: Path) -> dict:
-                bm25.build(self.chunk_set.texts)
+                bm25.build(self.chunk_set.indexed_texts)
                 bm25.save(tmp)
                 return {"n_docs": bm25.n_docs}
 

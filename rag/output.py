@@ -102,6 +102,11 @@ def format_table(result: dict[str, Any]) -> str:
             else f"{'-':>12}" for c in corpora
         )
         lines.append(f"{m:<18}{cell:>22}{per}" + judged_note(o))
+    c = result.get("compression")
+    if c:
+        lines.append(f"compression ({c['compressor']}): {c['chars_removed_share']:.0%} of the answered questions' context "
+                     f"characters removed (about {c['tokens_removed_estimate']} tokens); {c['fallback_questions']} of "
+                     f"{c['questions']} questions kept their whole contexts (nothing passed)")
     t = result["timings_s"]
     lines.append("stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()))
     return "\n".join(lines)

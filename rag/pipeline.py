@@ -69,6 +69,7 @@ def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]
         return plan.dry_run(session, answered, output_dir)
     ranked = rank(session)
     contexts = session.context_builder.build(ranked.hits, session.chunk_set)
+    contexts, compression = compress(session, answered, contexts)
     out = answer(session, answered, contexts)
     ranked.latency_method["generate"] = (
         "no answers" if out.made is None else "answers from the cache: not timed in this run"
@@ -81,7 +82,7 @@ def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]
         )
     judge_stats = run_judge(session, records, aggregates, out.answers, contexts) if session.judge is not None else None
     add_details(records, ranked, out, contexts)
-    result = assemble(session, ranked, out, aggregates, judge_stats).to_json()
+    result = assemble(session, ranked, out, aggregates, judge_stats, compression).to_json()
     write_results(output_dir, result, records, trec_files(result["variant"], records, session.qa))
     write_report(settings.report, output_dir)
     return result
@@ -106,6 +107,23 @@ def rank(session: Session) -> Ranked:
         rows, ms, method = latency.measure(retriever, session.reranker, queries, filters, session.depth,
                                            session.chunk_set.chunks, session.settings.k, session.latency)
     return Ranked(filters, route_ms, hits, rows, ms, method)
+
+
+def compress(session: Session, answered: list[int],
+             contexts: list[list[Context]]) -> tuple[list[list[Context]], dict[str, Any] | None]:
+    """The answered questions' contexts as the compressor shortens them (rag/compressor; the
+    others are read by no LLM), and what it removed (None: compressor=none)."""
+    if session.compressor.name == "none" or not answered:
+        return contexts, None
+    with session.timer.stage("load_models"):
+        session.compressor.warm_up()
+    with session.timer.stage("compress"):
+        done = session.compressor.compress([session.qa[i].question for i in answered], [contexts[i] for i in answered])
+    out = list(contexts)
+    for j, i in enumerate(answered):
+        out[i] = done.contexts[j]
+    stats = {**done.stats, "fallbacks": [session.qa[answered[j]].id for j in done.stats["fallbacks"]]}
+    return out, stats
 
 
 def answer(session: Session, answered: list[int], contexts: list[list[Context]]) -> Answered:
@@ -138,7 +156,7 @@ def add_details(records: list[dict[str, Any]], ranked: Ranked, out: Answered, co
 
 
 def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[str, Any],
-             judge_stats: dict[str, Any] | None) -> RunResult:
+             judge_stats: dict[str, Any] | None, compression: dict[str, Any] | None = None) -> RunResult:
     """The run's result (metrics.json)."""
     config, overall, retriever = session.config, aggregates["overall"], session.retriever
     routing = None
@@ -166,6 +184,7 @@ def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[s
         artifacts=session.artifacts.record,
         config=config.resolved,
         routing=routing,
+        compression=compression,
     )
 
 
@@ -197,12 +216,12 @@ def eval_chunk_vectors(session: Session) -> np.ndarray | None:
     evaluation embedder itself, or the pipeline's when they are the same vectors (same reference
     computation within 1e-6 cosine, e.g. the fp32 ONNX export of the evaluation model)."""
     cache, artifacts, ev = session.cache, session.artifacts, session.eval_embedder
-    if cache.lookup("vectors", artifacts.vectors_key(ev)) is not None:
-        return artifacts.vectors(ev)
+    if cache.lookup("vectors", artifacts.vectors_key(ev, indexed=False)) is not None:
+        return artifacts.vectors(ev, indexed=False)
     emb = pipeline_embedder(session.retriever)
     same = emb is not None and getattr(emb, "reference_id", None) == getattr(ev, "reference_id", False)
-    if same and cache.lookup("vectors", artifacts.vectors_key(emb)) is not None:
-        return artifacts.vectors(emb)
+    if same and cache.lookup("vectors", artifacts.vectors_key(emb, indexed=False)) is not None:
+        return artifacts.vectors(emb, indexed=False)
     return None
 
 

@@ -13,6 +13,8 @@ served stage is counted instead of run:
 - rerank (reranker=http, or reranker=llm_listwise through llm=openai): one request per question
   (http) or per window (listwise) whose scores or window answers are not recorded, and the latency
   sample's, which rerank anew;
+- compress (compressor=llm through llm=openai): one request per context of each answered
+  question, at most;
 - generate (llm=openai): the answers not in the cache, with their prompt tokens;
 - judge (eval.judge): its verdicts, at most.
 
@@ -45,7 +47,7 @@ from rag.settings import Pricing
 from rag.types import Context, Hits
 
 CHARS_PER_TOKEN = 4
-ROLES = ("embed", "rerank", "generate", "judge")
+ROLES = ("embed", "rerank", "compress", "generate", "judge")
 PLAN_FILE = "dry_run.json"
 
 
@@ -123,6 +125,8 @@ def dry_run(session: Any, answered: list[int], output_dir: Path) -> dict[str, An
             row = reranker.rerank([query], one_row(first, q), chunks, session.settings.k)
             w = min(session.settings.k, row.width)
             hits.ids[q, :w], hits.scores[q, :w] = row.ids[0, :w], row.scores[0, :w]
+    if served(session.compressor):
+        roles["compress"] = plan_compress(session, [queries[i] for i in answered], hits, answered)
     if served(generator):
         roles["generate"] = plan_generate(session, generator, [queries[i] for i in answered], hits, first, answered)
     if session.judge is not None:
@@ -186,7 +190,7 @@ def plan_embed(session: Any, embedder: Any, queries: list[str], timed: list[int]
         plan.cached += 1
     else:
         # as rag.artifacts.encode_to_npy sends them: a dimension probe, then each distinct text once
-        texts = list(dict.fromkeys(session.chunk_set.texts)) + ["dimension probe"]
+        texts = list(dict.fromkeys(session.chunk_set.indexed_texts)) + ["dimension probe"]
         plan.add(1 - (-(len(texts) - 1) // embedder.batch_size), len(texts), count_tokens(counter, texts), key=key)
     asked = [embedder.query_prefix + q for q in queries]
     probe = [embedder.query_prefix + "warm-up"]
@@ -344,6 +348,28 @@ def plan_generate(session: Any, generator: Any, queries: list[str], hits: Hits |
     for c in counts:
         plan.add(1, 1, int(c), max_tokens)
     plan.notes.append("at most: answers already cached for the contexts the run will build are not sent")
+    return plan
+
+
+def plan_compress(session: Any, queries: list[str], hits: Hits | None, answered: list[int]) -> RolePlan:
+    """compressor=llm through a served model: one request per context of each answered question,
+    at most (excerpts already recorded are not sent); tokens counted on the contexts when they are
+    known, else estimated from k chunks of the corpus's mean length."""
+    llm = session.compressor.llm
+    plan = RolePlan("compress", *endpoint_of(llm), items_are="contexts", exact=False)
+    out = int(getattr(llm, "max_tokens", 0) or 0)
+    if hits is not None:
+        contexts = session.context_builder.build(hits, session.chunk_set)
+        for q, i in zip(queries, answered):
+            for c in contexts[i]:
+                plan.add(1, 1, prompt_tokens(llm, q, [c]), out)
+        plan.tokens_method = prompt_method(llm)
+    else:
+        k, mean = session.settings.k, mean_chunk_chars(session)
+        for q in queries:
+            plan.add(k, k, int(k * (prompt_tokens(llm, q, []) + mean / CHARS_PER_TOKEN)), k * out)
+        plan.tokens_method = f"estimated: k contexts of the corpus's mean length, characters / {CHARS_PER_TOKEN}"
+    plan.notes.append("at most: excerpts already recorded for these contexts are not sent")
     return plan
 
 

@@ -28,7 +28,7 @@ ABSENT: Any = _Absent()
 REQUIRED = ("variant", "objective", "metrics", "by_corpus", "counts", "latency", "timings_s", "artifacts", "config")
 # metrics.json's key order, which pipeline.run has always kept; optional keys slot in where it put them.
 KEY_ORDER = ("variant", "objective", "metrics", "by_corpus", "counts", "qa_split", "latency", "latency_method",
-             "usage", "timings_s", "artifacts", "config", "routing")
+             "usage", "compression", "timings_s", "artifacts", "config", "routing")
 NAN = float("nan")
 
 
@@ -56,6 +56,7 @@ class RunResult:
     latency_method: dict[str, Any] | None = None  # None: absent (runs before it was recorded)
     usage: dict[str, Any] | None = None  # None: absent (no usage was recorded)
     routing: dict[str, Any] | None = None  # None: absent (no router)
+    compression: dict[str, Any] | None = None  # None: absent (compressor=none)
     extra: dict[str, Any] = field(default_factory=dict)  # keys this code does not know, kept as read
 
     # -- reading and writing --------------------------------------------------------------------
@@ -80,6 +81,7 @@ class RunResult:
             **{k: doc[k] for k in REQUIRED[2:]},
             qa_split=doc.get("qa_split", ABSENT),
             latency_method=doc.get("latency_method"), usage=doc.get("usage"), routing=doc.get("routing"),
+            compression=doc.get("compression"),
             extra={k: v for k, v in doc.items() if k not in KEY_ORDER},
         )
 
@@ -91,7 +93,8 @@ class RunResult:
     def to_json(self) -> dict[str, Any]:
         """The metrics.json document, keys in the order pipeline.run has always written them."""
         absent = {"qa_split": self.qa_split is ABSENT, "latency_method": self.latency_method is None,
-                  "usage": not self.usage, "routing": self.routing is None}  # usage: never written empty
+                  "usage": not self.usage, "routing": self.routing is None,  # usage: never written empty
+                  "compression": not self.compression}
         doc = {key: getattr(self, key) for key in KEY_ORDER if not absent.get(key, False)}
         doc["objective"] = {"name": self.objective.name, "value": self.objective.value}  # keeps its place
         return {**doc, **self.extra}
@@ -117,6 +120,9 @@ class RunResult:
         for role, u in roles.items():
             row[f"{role}_requests"] = u.get("requests_sent")
             row[f"cost_{role}"] = u.get("cost")
+        if self.compression:
+            row["compression_removed_share"] = self.compression.get("chars_removed_share")
+            row["compression_fallbacks"] = self.compression.get("fallback_questions")
         if roles:
             row["cost_total"] = sum(float(u.get("cost") or 0.0) for u in roles.values())
             row["currency"] = (self.usage or {}).get("currency")

@@ -198,6 +198,7 @@ COMPONENT_RULES: dict[str, Check] = {
     **{f"chunker.routes.*.{k}": c for k, c in CHUNKER.items()},
     **{f"chunker.default.{k}": c for k, c in CHUNKER.items()},
     "chunker.separators": strings(blank_items=True),
+    "compressor.threshold": number(-1, 1, note="a cosine threshold"),
     "chunker.routes.*.separators": strings(blank_items=True),
     "chunker.default.separators": strings(blank_items=True),
     **{f"embedder.{k}": c for k, c in EMBEDDER.items()},

@@ -21,6 +21,7 @@ from rag import preflight
 from rag.preflight import Asker
 from rag.artifacts import Artifacts, ChunkSet
 from rag.cache import ArtifactCache
+from rag.chunker import contextualize
 from rag.chunker.token import TokenChunker
 from rag.context import ContextBuilder
 from rag.latency import LatencySettings
@@ -96,6 +97,7 @@ class Components:
     retriever: Retriever
     reranker: Reranker
     generator: Generator
+    compressor: Any  # rag.compressor.Compressor
     eval_embedder: Any
     context_builder: ContextBuilder
     latency: LatencySettings
@@ -123,6 +125,7 @@ class Session:
     retriever = property(lambda self: self.parts.retriever)
     reranker = property(lambda self: self.parts.reranker)
     generator = property(lambda self: self.parts.generator)
+    compressor = property(lambda self: self.parts.compressor)
     eval_embedder = property(lambda self: self.parts.eval_embedder)
     context_builder = property(lambda self: self.parts.context_builder)
     latency = property(lambda self: self.parts.latency)
@@ -152,6 +155,8 @@ def open_session(settings: Settings, askers: list[Asker] = ()) -> Session:
 
     with timer.stage("chunk"):
         chunk_set = artifacts.chunks(parts.chunker, to_plain(settings.nodes.chunker), docs)
+        chunk_set = artifacts.chunk_set = chunk_set.contextualized(
+            settings.contextualize, contextualize.prefixes(settings.contextualize, docs, chunk_set.chunks))
     log.info("%d documents -> %d chunks; %d questions", len(docs), len(chunk_set), len(qa))
     if parts.settings.k > len(chunk_set):
         raise RagError(f"eval.k ({parts.settings.k}) is larger than the number of chunks ({len(chunk_set)})")
@@ -188,6 +193,7 @@ def create_components(settings: Settings, models: ArtifactCache) -> Components:
     corpus, questions, chunker = create(nodes.corpus), create(nodes.qa), create(nodes.chunker)
     create(nodes.fusion)  # validated even when the retriever does not fuse, so a bad sweep value fails fast
     retriever, reranker, generator = create(nodes.retriever), create(nodes.reranker), create(nodes.llm)
+    compressor = create(nodes.compressor)
     eval_embedder = create(nodes.eval_embedder)
     context_builder = ContextBuilder(settings.context.labels, settings.context.expand_neighbors,
                                      settings.context.budget_chars)
@@ -195,9 +201,11 @@ def create_components(settings: Settings, models: ArtifactCache) -> Components:
     judge = build_judge(nodes.judge, generator)
     if isinstance(chunker, TokenChunker):
         chunker.check_fits(settings.embedder.model, settings.embedder.max_seq_length)
-    parts = Components(settings.score, corpus, questions, chunker, retriever, reranker, generator, eval_embedder,
-                       context_builder, settings.latency, judge)
-    for part in (parts.chunker, parts.retriever, parts.reranker, parts.generator, parts.eval_embedder):
+    if isinstance(generator, NoGenerator) and compressor.name != "none":
+        raise RagError(f"compressor={compressor.name} shortens the contexts an LLM reads, but llm=none generates nothing")
+    parts = Components(settings.score, corpus, questions, chunker, retriever, reranker, generator, compressor,
+                       eval_embedder, context_builder, settings.latency, judge)
+    for part in (parts.chunker, parts.retriever, parts.reranker, parts.generator, parts.compressor, parts.eval_embedder):
         use_cache(part, models)
     return parts
 

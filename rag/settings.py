@@ -9,13 +9,15 @@ since a component's node is its own constructor's arguments.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hydra.utils import to_absolute_path
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from eval.scoring import ScoreSettings
+from rag.chunker.contextualize import check_mode
 from rag.latency import LatencySettings
 from rag.schema import (CHART_FORMATS, COMPONENT_RULES, Check, boolean, check_all, integer, label, number, path,
                         resolved, string, strings)
@@ -153,6 +155,7 @@ class Nodes:
     retriever: DictConfig
     reranker: DictConfig
     llm: DictConfig
+    compressor: DictConfig
     eval_embedder: DictConfig
     judge: DictConfig | None  # None unless eval.judge.enabled
 
@@ -182,6 +185,7 @@ class Settings:
     nodes: Nodes
     resolved: dict[str, Any]  # the whole configuration as plain data (metrics.json's `config`)
     dry_run: bool = False  # count what served roles would send, send nothing (rag.plan)
+    contextualize: str = "none"  # chunker.contextualize (rag/chunker/contextualize.py)
 
     RULES: ClassVar[dict[str, Check]] = {"variant": string(), "objective": string(),
                                          "max_doc_chars": integer(1, nullable=True), "dry_run": boolean}
@@ -233,11 +237,23 @@ def load(cfg: DictConfig) -> Settings:
         embedder=EmbedderLimit(str(embedder.get("model", "")), embedder.get("max_seq_length")),
         pricing=Pricing.from_data(data.get("pricing")),
         qa_split=(data.get("qa") or {}).get("split"),
-        nodes=Nodes(cfg.corpus, cfg.qa, cfg.chunker, cfg.fusion, cfg.retriever, cfg.reranker, cfg.llm,
-                    cfg.eval.embedder, judge if judge is not None and judge.get("enabled", False) else None),
+        nodes=Nodes(cfg.corpus, cfg.qa, chunker_node(cfg.chunker), cfg.fusion, cfg.retriever, cfg.reranker, cfg.llm,
+                    cfg.compressor, cfg.eval.embedder, judge if judge is not None and judge.get("enabled", False) else None),
         resolved=data,
         dry_run=bool(data.get("dry_run")) or bool((data.get("llm") or {}).get("dry_run")),
+        contextualize=check_mode(str((data.get("chunker") or {}).get("contextualize", "none"))),
     )
+
+
+def chunker_node(node: DictConfig) -> DictConfig:
+    """The chunker's node without `contextualize`, which is the session's (it decides what is
+    indexed, not how documents are cut), so the chunks and their key are the same either way."""
+    if "contextualize" not in node:
+        return node
+    node = copy.deepcopy(node)  # keeps its parent: errors still name chunker.<key>
+    with open_dict(node):
+        del node["contextualize"]
+    return node
 
 
 def _known(node: dict[str, Any], cls: type, where: str) -> dict[str, Any]:

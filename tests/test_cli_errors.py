@@ -43,7 +43,7 @@ def assert_one_line(done: subprocess.CompletedProcess, expect: str, status: int 
     (["eval.kk=3"], "ragrig: error: Could not override 'eval.kk': 'eval' has no key 'kk' (did you mean k?); its keys: embedder, k,"),
     # issue 25: a misspelt key names the node, the nearest keys and every key it has
     (["chunker.chunk_sise=10"], "ragrig: error: Could not override 'chunker.chunk_sise': 'chunker' has no key 'chunk_sise' "
-                                "(did you mean chunk_size or chunk_overlap?); its keys: chunk_size, chunk_overlap. "
+                                "(did you mean chunk_size or chunk_overlap?); its keys: chunk_size, chunk_overlap, contextualize. "
                                 "To add a new key use +chunker.chunk_sise="),
     (["retriver=hybrid"], "ragrig: error: Could not override 'retriver': the config has no key 'retriver' (did you mean retriever"),
     (["retriever.source_filter.mod=fixed"], "'retriever.source_filter' has no key 'mod' (did you mean mode?); its keys: mode, groups,"),
@@ -53,7 +53,7 @@ def assert_one_line(done: subprocess.CompletedProcess, expect: str, status: int 
     (["+version=v5"], "ragrig: error: Could not find 'version/v5' (available: v1, v2, v3, v4)"),
     (["retriever=hybird"], "ragrig: error: Could not find 'retriever/hybird' (available: bm25, dense, hybrid)"),
     (["eval.k=[1,"], "ragrig: error: override 'eval.k=[1,': no viable alternative at input '[1,' (quote a value"),
-    (["sweep=nope"], "ragrig: error: Could not find 'sweep/nope' (available: alpha, chunk_alpha, demo, optuna, versions)"),
+    (["sweep=nope"], "ragrig: error: Could not find 'sweep/nope' (available: alpha, chunk_alpha, demo, optuna, techniques, versions)"),
     (["+version=v9"], "ragrig: error: Could not find 'version/v9' (available: v1, v2, v3, v4)"),
     (["corpus.path=/data/a,b/c.jsonl"], "ragrig: error: Ambiguous value for argument 'corpus.path=/data/a,b/c.jsonl'"),
     (["corpus.path=/data/docs (copy)/c.jsonl"], "mismatched input ' (' expecting <EOF> (quote a value holding any of"),

@@ -12,15 +12,17 @@ from omegaconf import DictConfig
 from rag.config import PROJECT_ROOT
 from rag.settings import validate
 from rag.session import create
+from rag.settings import chunker_node
 
 CONF = PROJECT_ROOT / "conf"
 # Groups selected as `group=option` (in the primary defaults list) and as `+group=option`.
-LISTED = ["corpus", "qa", "chunker", "embedder", "index", "fusion", "retriever", "reranker", "llm", "eval",
-          "tracking", "sweep", "debug"]
-APPENDED = ["version", "preset"]
+LISTED = ["corpus", "qa", "chunker", "embedder", "index", "fusion", "retriever", "reranker", "llm", "compressor",
+          "eval", "tracking", "sweep", "debug"]
+APPENDED = ["version", "preset", "technique"]
 # `# @package _global_` groups: an option touches the whole config, so every component is built.
-GLOBAL = {"sweep", "debug", "version", "preset"}
-COMPONENTS = ["corpus", "qa", "chunker", "embedder", "index", "fusion", "retriever", "reranker", "llm", "tracking"]
+GLOBAL = {"sweep", "debug", "version", "preset", "technique"}
+COMPONENTS = ["corpus", "qa", "chunker", "embedder", "index", "fusion", "retriever", "reranker", "llm", "compressor",
+              "tracking"]
 
 NEEDS = {  # options with a required (???) value of their own
     ("corpus", "jsonl"): ["corpus.path=/data/c.jsonl"],
@@ -110,6 +112,8 @@ def test_every_option_composes_validates_and_instantiates(group, option, no_mode
     else:
         nodes = {group: cfg[group]}
     nodes["eval.embedder"] = cfg.eval.embedder
+    if "chunker" in nodes:  # as the settings hand it over: contextualize is the session's (rag/settings.py)
+        nodes["chunker"] = chunker_node(nodes["chunker"])
     for name, node in nodes.items():
         if node.get("_target_") is None:
             continue

@@ -130,3 +130,13 @@ def test_a_single_query_runs_on_one_thread_and_restores_the_thread_count(small):
     one = index.search(queries[:1], 5)
     assert faiss.omp_get_max_threads() == before
     np.testing.assert_array_equal(one.ids, exact_l2(base, queries[:1], 5))
+
+
+def test_index_chroma_without_its_extra_is_one_line(monkeypatch):
+    import sys
+
+    from rag.chroma import ChromaIndex
+
+    monkeypatch.setitem(sys.modules, "chromadb", None)  # as if not installed
+    with pytest.raises(RagError, match=r'index=chroma needs chromadb: pip install -e "\.\[chroma\]"'):
+        ChromaIndex().params  # noqa: B018 (the first thing a run asks of an index)

@@ -141,3 +141,18 @@ def test_listwise_windows_are_counted_as_the_run_asks_them(tiny_files, compose_c
     assert not plan["exact"] and plan["requests"] == 2 * (n + 5) == result["usage"]["rerank"]["requests_sent"]
     assert plan["output_tokens_at_most"] == 20 * plan["requests"] and plan["items_are"] == "windows"
     assert again["exact"] and again["cached"] == 2 * n and again["requests"] == 2 * 5
+
+
+def test_an_llm_compressor_behind_a_server_is_counted_per_context(tiny_files, compose_cfg, minilm):  # noqa: F811
+    with endpoint(minilm) as srv:
+        over = (tiny_overrides(tiny_files) + roles(srv.base_url, "generate", fresh=tiny_files["cache"])
+                + ["compressor=llm", "llm@compressor.llm=openai", f"compressor.llm.base_url={srv.base_url}",
+                   "compressor.llm.model=m", f"compressor.llm.cache_namespace={tiny_files['cache']}", "eval.k=3",
+                   "eval.latency.sample=0"])
+        plan = run(compose_cfg(over + ["dry_run=true"]), tiny_files["out"] / "dry")["dry_run"]["roles"]
+        assert srv.requests == []
+        result = run(compose_cfg(over), tiny_files["out"] / "run")
+    n = result["counts"]["answered_questions"]
+    # one request per context: k chunks of one document that touch are one context (rag/context.py)
+    assert plan["compress"]["requests"] == result["compression"]["requests"] <= 3 * n
+    assert plan["compress"]["items_are"] == "contexts" and plan["compress"]["input_tokens"] > 0

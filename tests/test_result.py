@@ -70,8 +70,14 @@ def test_unknown_keys_are_kept_and_bad_documents_refused():
 
 
 def usage_column(c: str) -> bool:
-    """The columns of served models' requests and cost, added after the summary was frozen."""
-    return c.endswith("_requests") or c.startswith("cost_") or c == "currency"
+    """Columns added after the summary was frozen: served models' requests and cost, compression."""
+    return c.endswith("_requests") or c.startswith("cost_") or c == "currency" or c.startswith("compression_")
+
+
+def test_flatten_has_what_compression_removed():
+    flat = RunResult.from_json(json.loads(text("full"))).flatten()
+    assert flat["compression_removed_share"] == 0.5476 and flat["compression_fallbacks"] == 1
+    assert "compression_removed_share" not in RunResult.from_json(json.loads(text("older"))).flatten()
 
 
 def test_flatten_has_the_summary_columns():
@@ -94,7 +100,7 @@ def test_flatten_has_requests_and_cost_per_served_role():
                     "generate": {"requests_sent": 6, "prompt_tokens": 100, "completion_tokens": 50, "cost": 0.25},
                     "currency": "EUR"}
     flat = RunResult.from_json(doc).flatten()
-    assert {c: flat[c] for c in flat if usage_column(c)} == {
+    assert {c: flat[c] for c in flat if usage_column(c) and not c.startswith("compression_")} == {
         "embed_requests": 3, "cost_embed": 0.0009, "generate_requests": 6, "cost_generate": 0.25,
         "cost_total": pytest.approx(0.2509), "currency": "EUR"}
     assert not any(usage_column(c) for c in RunResult.from_json(json.loads(text("baseline"))).flatten())
