@@ -66,7 +66,7 @@ test-server: setup infinity
 # index=chroma (Chroma's embedded client): the extra installed with the versions the project
 # already runs on held fixed (chromadb would otherwise pull newer pydantic, urllib3, dateutil),
 # then its tests (tests/test_chroma.py, skipped by `make test` without chromadb). CI runs it.
-HELD := torch|transformers|numpy|pandas|pydantic|pydantic-core|python-dateutil|urllib3|hydra-core|omegaconf|faiss-cpu|onnxruntime|tokenizers|huggingface-hub
+HELD := torch|transformers|numpy|pandas|pydantic|pydantic[-_]core|python-dateutil|urllib3|hydra-core|omegaconf|faiss-cpu|onnxruntime|tokenizers|huggingface[-_]hub
 test-chroma: setup
 	$(PIP) freeze | grep -iE '^($(HELD))==' > outputs/.chroma-constraints.txt
 	$(PIP) install --quiet -c outputs/.chroma-constraints.txt -e ".[chroma]"
