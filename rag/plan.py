@@ -6,6 +6,8 @@ Stages that run in process (corpus, chunks, local vectors and indexes, BM25, a l
 as in any run: they send nothing, and they decide what the served stages would be asked. Each
 served stage is counted instead of run:
 
+- contextualize (chunker.contextualize=llm through llm=openai): a request per chunk whose context
+  line is not recorded;
 - embed (embedder=openai): the chunk batches when the chunk vectors are not cached; every
   question's query (one request each: questions are searched one at a time, as a served system
   searches); the warm-up query; the latency sample's searches (eval.latency: warm-up + sample x
@@ -47,7 +49,7 @@ from rag.settings import Pricing
 from rag.types import Context, Hits
 
 CHARS_PER_TOKEN = 4
-ROLES = ("embed", "rerank", "compress", "generate", "judge")
+ROLES = ("contextualize", "embed", "rerank", "compress", "generate", "judge")
 PLAN_FILE = "dry_run.json"
 
 
@@ -112,8 +114,16 @@ def dry_run(session: Any, answered: list[int], output_dir: Path) -> dict[str, An
     retriever, reranker, generator = session.retriever, session.reranker, session.generator
     dense = retriever._dense_part()
     first: Hits | None = None
+    if served(session.parts.contextualizer):
+        roles["contextualize"] = plan_contextualize(session)
+    unindexed = "contextualize" in roles and pending(roles["contextualize"])  # the indexed texts wait on it
     if dense is not None and served(dense.embedder):
         roles["embed"] = plan_embed(session, dense.embedder, queries, timed)
+        if unindexed:
+            roles["embed"].exact = False
+            roles["embed"].notes.append("at most: counted on the chunks without their context lines")
+    elif unindexed:
+        pass  # nothing can be searched before the context lines exist: what follows is bounded
     else:
         first = first_stage(session, queries)
     hits: Hits | None = None
@@ -179,6 +189,25 @@ def tokens_method(counter: Any, setting: str) -> str:
     if counter is not None:
         return f"counted with {setting}={counter.ref}"
     return f"estimated as characters / {CHARS_PER_TOKEN} (set {setting} to count exactly)"
+
+
+def plan_contextualize(session: Any) -> RolePlan:
+    """chunker.contextualize=llm through a served model: one request per chunk whose line is not
+    recorded, its prompt counted as the generator counts it."""
+    ctx = session.parts.contextualizer
+    llm, chunks = ctx.llm, session.chunk_set.chunks
+    plan = RolePlan("contextualize", *endpoint_of(llm), items_are="chunks")
+    by_id = {d.id: d for d in session.docs}
+    todo = ctx.missing(session.docs, chunks, session.cache)
+    plan.cached = len(chunks) - len(todo)
+    out = int(getattr(llm, "max_tokens", 0) or 0)
+    if todo:
+        asked = [ctx.request(by_id[chunks[i].doc_id], chunks[i]) for i in todo]
+        counts, plan.tokens_method = llm.count_prompt_tokens([q for q, _ in asked], [c for _, c in asked])
+        for i, n in zip(todo, counts):
+            plan.add(1, 1, int(n), out, key=ctx.key(by_id[chunks[i].doc_id], chunks[i]))
+        plan.notes.append("the indexed texts depend on these answers: the roles after it are bounded")
+    return plan
 
 
 def plan_embed(session: Any, embedder: Any, queries: list[str], timed: list[int]) -> RolePlan:

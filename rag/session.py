@@ -98,6 +98,7 @@ class Components:
     reranker: Reranker
     generator: Generator
     compressor: Any  # rag.compressor.Compressor
+    contextualizer: Any  # chunker.contextualize=llm's LLMContextualizer, else None
     eval_embedder: Any
     context_builder: ContextBuilder
     latency: LatencySettings
@@ -155,8 +156,14 @@ def open_session(settings: Settings, askers: list[Asker] = ()) -> Session:
 
     with timer.stage("chunk"):
         chunk_set = artifacts.chunks(parts.chunker, to_plain(settings.nodes.chunker), docs)
-        chunk_set = artifacts.chunk_set = chunk_set.contextualized(
-            settings.contextualize, contextualize.prefixes(settings.contextualize, docs, chunk_set.chunks))
+    # A dry run asks a served contextualizer nothing: rag.plan counts the chunks it would ask about.
+    ctx = parts.contextualizer
+    unasked = bool(settings.dry_run and served(ctx) and ctx.missing(docs, chunk_set.chunks, cache))
+    if settings.contextualize != "none" and not unasked:
+        with timer.stage("contextualize"):
+            lines = contextualize.prefixes(settings.contextualize, docs, chunk_set.chunks, parts.contextualizer, cache)
+        tag = parts.contextualizer.tag if parts.contextualizer is not None else settings.contextualize
+        chunk_set = artifacts.chunk_set = chunk_set.contextualized(tag, lines)
     log.info("%d documents -> %d chunks; %d questions", len(docs), len(chunk_set), len(qa))
     if parts.settings.k > len(chunk_set):
         raise RagError(f"eval.k ({parts.settings.k}) is larger than the number of chunks ({len(chunk_set)})")
@@ -164,7 +171,7 @@ def open_session(settings: Settings, askers: list[Asker] = ()) -> Session:
     # A dry run (rag.plan) sends nothing: a served embedder's vectors are counted, not built, and
     # no served part is warmed up (that would ask the server).
     dense = parts.retriever._dense_part()
-    searchable = not (settings.dry_run and dense is not None and served(dense.embedder))
+    searchable = not (settings.dry_run and (unasked or (dense is not None and served(dense.embedder))))
     if searchable:
         parts.retriever.prepare(artifacts)
     parts.reranker.prepare(artifacts)
@@ -203,9 +210,11 @@ def create_components(settings: Settings, models: ArtifactCache) -> Components:
         chunker.check_fits(settings.embedder.model, settings.embedder.max_seq_length)
     if isinstance(generator, NoGenerator) and compressor.name != "none":
         raise RagError(f"compressor={compressor.name} shortens the contexts an LLM reads, but llm=none generates nothing")
+    contextualizer = create(nodes.contextualizer) if nodes.contextualizer is not None else None
     parts = Components(settings.score, corpus, questions, chunker, retriever, reranker, generator, compressor,
-                       eval_embedder, context_builder, settings.latency, judge)
-    for part in (parts.chunker, parts.retriever, parts.reranker, parts.generator, parts.compressor, parts.eval_embedder):
+                       contextualizer, eval_embedder, context_builder, settings.latency, judge)
+    for part in (parts.chunker, parts.retriever, parts.reranker, parts.generator, parts.compressor,
+                 parts.contextualizer, parts.eval_embedder):
         use_cache(part, models)
     return parts
 

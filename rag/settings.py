@@ -85,7 +85,7 @@ class RunReport:
     }
 
 
-ROLES = ("embed", "rerank", "generate", "judge")
+ROLES = ("contextualize", "embed", "rerank", "compress", "generate", "judge")
 PRICE_KEYS = ("input", "output", "request")
 
 
@@ -156,6 +156,7 @@ class Nodes:
     reranker: DictConfig
     llm: DictConfig
     compressor: DictConfig
+    contextualizer: DictConfig | None  # None unless chunker.contextualize=llm
     eval_embedder: DictConfig
     judge: DictConfig | None  # None unless eval.judge.enabled
 
@@ -223,6 +224,7 @@ def load(cfg: DictConfig) -> Settings:
     report = data.get("report") or {}
     judge = cfg.eval.get("judge")
     embedder = data.get("embedder") or {}
+    contextualize = check_mode(str((data.get("chunker") or {}).get("contextualize", "none")))
     return Settings(
         variant=str(data.get("variant", "custom")),
         objective=data["objective"],
@@ -238,10 +240,11 @@ def load(cfg: DictConfig) -> Settings:
         pricing=Pricing.from_data(data.get("pricing")),
         qa_split=(data.get("qa") or {}).get("split"),
         nodes=Nodes(cfg.corpus, cfg.qa, chunker_node(cfg.chunker), cfg.fusion, cfg.retriever, cfg.reranker, cfg.llm,
-                    cfg.compressor, cfg.eval.embedder, judge if judge is not None and judge.get("enabled", False) else None),
+                    cfg.compressor, cfg.get("contextualizer") if contextualize == "llm" else None, cfg.eval.embedder,
+                    judge if judge is not None and judge.get("enabled", False) else None),
         resolved=data,
         dry_run=bool(data.get("dry_run")) or bool((data.get("llm") or {}).get("dry_run")),
-        contextualize=check_mode(str((data.get("chunker") or {}).get("contextualize", "none"))),
+        contextualize=contextualize,
     )
 
 

@@ -17,12 +17,12 @@ from rag.settings import chunker_node
 CONF = PROJECT_ROOT / "conf"
 # Groups selected as `group=option` (in the primary defaults list) and as `+group=option`.
 LISTED = ["corpus", "qa", "chunker", "embedder", "index", "fusion", "retriever", "reranker", "llm", "compressor",
-          "eval", "tracking", "sweep", "debug"]
+          "contextualizer", "eval", "tracking", "sweep", "debug"]
 APPENDED = ["version", "preset", "technique"]
 # `# @package _global_` groups: an option touches the whole config, so every component is built.
 GLOBAL = {"sweep", "debug", "version", "preset", "technique"}
 COMPONENTS = ["corpus", "qa", "chunker", "embedder", "index", "fusion", "retriever", "reranker", "llm", "compressor",
-              "tracking"]
+              "contextualizer", "tracking"]
 
 NEEDS = {  # options with a required (???) value of their own
     ("corpus", "jsonl"): ["corpus.path=/data/c.jsonl"],

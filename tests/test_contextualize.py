@@ -38,8 +38,8 @@ def test_prefixes_follow_the_chunks_and_none_leaves_the_texts_alone():
     assert titled.indexed_texts == ["a: Alpha\nx", "b\ny", "a: Alpha\nz"] and titled.texts == ["x", "y", "z"]
     assert plain.indexed_texts == plain.texts and plain.indexed_key() == {"chunks": "k"}
     assert titled.indexed_key() == {"chunks": "k", "context": "title"}
-    with pytest.raises(RagError, match="chunker.contextualize must be one of none, title, got 'llm'"):
-        prefixes("llm", docs, chunks)
+    with pytest.raises(RagError, match="chunker.contextualize must be one of none, title, llm, got 'head'"):
+        prefixes("head", docs, chunks)
 
 
 def test_a_chunk_that_never_names_its_page_is_found_by_its_title():
@@ -73,3 +73,38 @@ def test_a_run_indexes_the_titles_and_scores_the_chunks_own_text(tmp_path, compo
     texts = [c["text"] for r in rows for c in r["contexts"]]
     assert texts and not any("Title of" in t for t in texts), "the contexts are the chunks' own text"
     assert titled["config"]["chunker"]["contextualize"] == "title"
+
+
+def test_an_llm_writes_each_chunks_line_once_and_a_rerun_asks_nothing(tmp_path, compose_cfg, tiny_files):
+    from tests.scripted_endpoint import ScriptedEndpoint, completion
+
+    def situate(req, n):  # a context line naming the document's first words: what an LLM would add
+        user = req["messages"][-1]["content"]
+        opening = user.split("Document:\n", 1)[1].split()[:3]
+        return 200, {}, completion("This passage is from the document about " + " ".join(opening) + ".")
+
+    with ScriptedEndpoint(chat=situate) as srv:
+        over = tiny_overrides(tiny_files) + [
+            "chunker.contextualize=llm", "llm@contextualizer.llm=openai", f"contextualizer.llm.base_url={srv.base_url}",
+            "contextualizer.llm.model=m", "eval.latency.sample=0"]
+        plan = run(compose_cfg(over + ["dry_run=true"]), tmp_path / "dry")["dry_run"]
+        assert srv.requests == [], "a dry run asks nothing"
+        first = run(compose_cfg(over), tmp_path / "first")
+        asked = len(srv.chat_requests)
+        again = run(compose_cfg(over), tmp_path / "again")
+        assert len(srv.chat_requests) == asked, "every line is recorded: the rerun asks nothing"
+    n = first["counts"]["chunks"]
+    assert asked == n == plan["roles"]["contextualize"]["requests"] and plan["bounded_after"] == "contextualize"
+    assert first["artifacts"]["vectors"]["key"] == again["artifacts"]["vectors"]["key"]
+    plain = run(compose_cfg(tiny_overrides(tiny_files) + ["eval.latency.sample=0"]), tmp_path / "plain")
+    assert plain["artifacts"]["vectors"]["key"] != first["artifacts"]["vectors"]["key"]
+    assert plain["artifacts"]["chunks"]["key"] == first["artifacts"]["chunks"]["key"]
+    rows = [json.loads(x) for x in (tmp_path / "first" / "per_question.jsonl").read_text().splitlines()]
+    assert not any("This passage is from" in c["text"] for r in rows for c in r["contexts"])
+
+
+def test_the_contextualizers_settings_are_checked():
+    from rag.chunker.contextualize import LLMContextualizer
+
+    with pytest.raises(RagError, match="contextualizer.llm must be a generator config"):
+        LLMContextualizer(llm="smollm2")

@@ -257,6 +257,22 @@ def test_a_model_the_engine_does_not_serve_is_one_line(infinity, data, root):
         "(embedder.model); it serves: minilm, ce")
 
 
+def test_contextual_chunking_by_a_served_llm(server, model, data, root):
+    """chunker.contextualize=llm with SmolLM2 behind transformers serve: a request per chunk, each
+    line recorded; the rerun and its dry run ask nothing."""
+    ov = overrides(data, root / "cache-contextualize", "llm=none", "chunker.contextualize=llm",
+                   "llm@contextualizer.llm=openai", f"contextualizer.llm.base_url={server.base_url}",
+                   f"contextualizer.llm.model={model['folder']}")
+    before = server.served_requests()
+    plan = run_overrides(ov + ["dry_run=true"], root / "ctx-dry")["dry_run"]["roles"]["contextualize"]
+    assert server.served_requests() == before
+    first = run_overrides(ov, root / "ctx-first")
+    asked = server.served_requests() - before
+    assert asked == plan["requests"] == first["counts"]["chunks"]
+    again = run_overrides(ov + ["dry_run=true"], root / "ctx-again")["dry_run"]["roles"]["contextualize"]
+    assert again["requests"] == 0 and again["cached"] == asked
+
+
 def test_listwise_reranking_through_a_served_llm(server, model, data, root):
     """RankGPT windows answered by SmolLM2 behind transformers serve: every window is a request,
     and what the 135M model writes is read or counted, never guessed."""

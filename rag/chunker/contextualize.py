@@ -2,18 +2,34 @@
 
 A chunk cut from the middle of a document often never names what it is about ("The call fails
 with EBADF when..."): the man page, the PyTorch object or the article it belongs to is in the
-document's title, not in the chunk. `title` puts the document's label and title on a line before
-each chunk's text for the pipeline's embedder and BM25 (the "contextual chunking" of the reference
-design's RAG V3, without an LLM): "man page fcntl(2): fcntl - manipulate file descriptor",
-"PyTorch torch.nn.Dropout", "PubMed PMID 21645374" (PubMedQA's records carry no titles). The chunk
-itself is unchanged: the contexts the LLM reads, the reranker's passages and every metric use the
-chunk's own text, so a run with and without contextualization differs only in what was searched.
+document's title, not in the chunk. Contextualization puts a line before each chunk's text for
+the pipeline's embedder and BM25 (the "contextual chunking" of the reference design's RAG V3):
+
+- `title`: the document's label and title, "man page fcntl(2): fcntl - manipulate file
+  descriptor", "PyTorch torch.nn.Dropout", "PubMed PMID 21645374" (PubMedQA's records carry no
+  titles);
+- `llm`: one or two sentences an LLM writes from the document's opening and the chunk
+  (`LLMContextualizer`, conf/contextualizer/llm.yaml; any generator, `llm=openai` included), each
+  recorded in the artifact cache (kind `chunk_context`, keyed by the generator, its prompt and the
+  text it read), so only new chunks are ever asked about.
+
+The chunk itself is unchanged: the contexts the LLM reads, the reranker's passages and every
+metric use the chunk's own text, so a run with and without contextualization differs only in what
+was searched.
 """
 from __future__ import annotations
 
-from rag.types import Chunk, Document, RagError
+import hashlib
+import logging
+from typing import Any
 
-MODES = ("none", "title")
+from rag.cache import make_key
+from rag.types import Chunk, Context, Document, RagError
+
+log = logging.getLogger(__name__)
+
+MODES = ("none", "title", "llm")
+CONTEXTS = "chunk_context"  # record kind: the LLM's context line for one chunk
 
 
 def check_mode(mode: str) -> str:
@@ -32,9 +48,81 @@ def title_of(doc: Document) -> str:
     return f"{label}: {title}" if title and title != label else label
 
 
-def prefixes(mode: str, docs: list[Document], chunks: list[Chunk]) -> list[str] | None:
+def prefixes(mode: str, docs: list[Document], chunks: list[Chunk], contextualizer: Any = None,
+             cache: Any = None) -> list[str] | None:
     """Per chunk, the line indexed before its text (None: `none`, the chunk's text alone)."""
     if check_mode(mode) == "none":
         return None
+    if mode == "llm":
+        if contextualizer is None or cache is None:
+            raise ValueError("chunker.contextualize=llm needs the contextualizer and the artifact cache")
+        return contextualizer.lines(docs, chunks, cache)
     titles = {d.id: title_of(d) for d in docs}
     return [titles.get(c.doc_id, c.doc_id) for c in chunks]
+
+
+class LLMContextualizer:
+    """`chunker.contextualize=llm`: a generator reads the document's first `document_chars`
+    characters (as its one context passage) and the chunk (as its question) and writes the line
+    indexed before the chunk, cut to `max_chars`. Served generators get every missing chunk at once
+    (their requests run concurrently, each answer on its own); in-process ones one chunk at a time,
+    because a batch's padding can change a greedy answer and each line is recorded on its own."""
+
+    def __init__(self, llm: Any, document_chars: int = 2000, max_chars: int = 300):
+        if not hasattr(llm, "generate") or not hasattr(llm, "id"):
+            raise RagError("contextualizer.llm must be a generator config (an llm/ option, e.g. smollm2 or openai)")
+        for name, value in (("document_chars", document_chars), ("max_chars", max_chars)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise RagError(f"contextualizer.{name} must be a positive integer, got {value!r}")
+        self.llm, self.document_chars, self.max_chars = llm, document_chars, max_chars
+        self.stats = {"chunks": 0, "generated": 0, "from_cache": 0, "empty": 0}
+
+    def use_cache(self, cache: Any) -> None:
+        from rag.models import use_cache
+
+        use_cache(self.llm, cache)  # the generator's own model artifacts (the GGUF conversion)
+
+    @property
+    def id(self) -> dict[str, Any]:
+        return {"llm": self.llm.id, "document_chars": self.document_chars, "max_chars": self.max_chars}
+
+    @property
+    def tag(self) -> str:
+        """What the indexed texts are keyed by (ChunkSet.context): the mode and this identity."""
+        return "llm:" + make_key("context", self.id)[:16]
+
+    def request(self, doc: Document, chunk: Chunk) -> tuple[str, list[Context]]:
+        """The generator's (question, contexts) for one chunk."""
+        return chunk.text, [Context(doc.text[: self.document_chars])]
+
+    def key(self, doc: Document, chunk: Chunk) -> str:
+        opening = hashlib.sha256(doc.text[: self.document_chars].encode("utf-8", "surrogatepass")).hexdigest()
+        return make_key(CONTEXTS, self.id, {"document": opening, "chunk": chunk.text})
+
+    def missing(self, docs: list[Document], chunks: list[Chunk], cache: Any) -> list[int]:
+        """Rows of the chunks whose line is not recorded yet."""
+        by_id = {d.id: d for d in docs}
+        return [i for i, c in enumerate(chunks) if cache.get_record(CONTEXTS, self.key(by_id[c.doc_id], c)) is None]
+
+    def lines(self, docs: list[Document], chunks: list[Chunk], cache: Any) -> list[str]:
+        by_id = {d.id: d for d in docs}
+        keys = [self.key(by_id[c.doc_id], c) for c in chunks]
+        found = [cache.get_record(CONTEXTS, k) for k in keys]
+        todo = [i for i, rec in enumerate(found) if rec is None]
+        self.stats.update(chunks=len(chunks), from_cache=len(chunks) - len(todo))
+        if todo:
+            log.info("contextualize: asking the LLM about %d of %d chunks", len(todo), len(chunks))
+            self.llm.warm_up()
+            # served: 64 chunks per call (concurrent requests; each call's lines recorded before the next)
+            step = 64 if getattr(self.llm, "resumable", False) else 1
+            groups = [todo[i:i + step] for i in range(0, len(todo), step)]
+            for group in groups:
+                asked = [self.request(by_id[chunks[i].doc_id], chunks[i]) for i in group]
+                answers = self.llm.generate([q for q, _ in asked], [c for _, c in asked])
+                for i, answer in zip(group, answers):
+                    found[i] = {"line": " ".join(str(answer or "").split())[: self.max_chars]}
+                    cache.put_record(CONTEXTS, keys[i], found[i])
+                    self.stats["generated"] += 1
+        out = [rec["line"] for rec in found]
+        self.stats["empty"] = sum(1 for line in out if not line)
+        return out
