@@ -55,7 +55,9 @@ PLAN_FILE = "dry_run.json"
 
 def served(part: Any) -> bool:
     """Whether a component calls a server (it holds an endpoint), itself or through its LLM."""
-    return getattr(part, "endpoint", None) is not None or served(getattr(part, "llm", None)) if part is not None else False
+    if part is None:
+        return False
+    return getattr(part, "endpoint", None) is not None or served(getattr(part, "llm", None))
 
 
 def chars_estimate(texts: list[str]) -> int:
