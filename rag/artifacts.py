@@ -189,6 +189,10 @@ class Artifacts:
         inputs = self.chunk_set.indexed_key() if indexed else {"chunks": self.chunk_set.key}
 
         def build(tmp: Path) -> dict:
+            if hasattr(embedder, "vectors_for"):  # embedder=precomputed: vectors by chunk id, nothing encoded
+                vecs = embedder.vectors_for([c.id for c in self.chunk_set.chunks])
+                np.save(tmp / VECTORS_FILE, vecs)
+                return {"n": len(vecs), "dim": int(vecs.shape[1]), "embedder": json.loads(json.dumps(embedder.id))}
             return encode_to_npy(embedder, texts, tmp / VECTORS_FILE)
 
         with self.timer.stage("embed"):

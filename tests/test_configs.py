@@ -32,6 +32,7 @@ NEEDS = {  # options with a required (???) value of their own
     ("llm", "hf"): ["llm.model=HuggingFaceTB/SmolLM2-360M-Instruct"],
     ("llm", "openai"): ["llm.model=some-model"],  # built, never called: no server needed
     ("embedder", "openai"): ["embedder.model=some-model"],
+    ("embedder", "precomputed"): ["embedder.path=/data/vectors"],
     ("reranker", "http"): ["reranker.model=some-model"],
     ("debug", "tiny"): ["corpus.path=/data/c.jsonl", "qa.path=/data/q.jsonl"],
 }
