@@ -28,7 +28,8 @@ from benchmarks.common import (
 )
 from rag.config import PROJECT_ROOT
 
-INDEX_TYPES = ("flat_l2", "flat_ip", "hnsw", "ivf", "chroma")  # chroma: when the chroma extra is installed
+INDEX_TYPES = ("flat_l2", "flat_ip", "hnsw", "ivf", "ivf_sq8", "ivf_pq", "ivf_pq_refine", "hnsw_sq8",
+               "chroma")  # chroma: when the chroma extra is installed
 DIM = 384
 K = 10
 # Cases estimated over ~5 minutes on 2 cores run only with full=True.

@@ -224,3 +224,73 @@ class IVFIndex(VectorIndex):
 
     def _search_params(self, selector: Any) -> Any:
         return faiss.SearchParametersIVF(sel=selector, nprobe=min(self.nprobe, self.index.nlist))
+
+
+class IVFSQ8Index(IVFIndex):
+    """IVF cells holding 8-bit scalar-quantized vectors (faiss.IndexIVFScalarQuantizer): a byte a
+    dimension instead of four."""
+
+    def _new(self, dim: int, n: int) -> Any:
+        nlist = self.effective_nlist(n)
+        quantizer = faiss.IndexFlatL2(dim) if self.metric == "l2" else faiss.IndexFlatIP(dim)
+        return faiss.IndexIVFScalarQuantizer(quantizer, dim, nlist, faiss.ScalarQuantizer.QT_8bit, _metric(self.metric))
+
+
+class IVFPQIndex(IVFIndex):
+    """IVF cells holding product-quantized vectors (faiss.IndexIVFPQ): `m` sub-vectors of `nbits`
+    bits each, m bytes a vector at 8 bits (48 for 384-d against 1,536 in float32). `refine` > 0
+    re-scores the top refine x n candidates of each search exactly (faiss.IndexRefineFlat, which
+    keeps a float32 copy of the vectors in memory beside the codes)."""
+
+    def __init__(self, nlist: int = 1024, m: int = 48, nbits: int = 8, nprobe: int = 16, refine: int = 0,
+                 metric: str = "l2"):
+        super().__init__(nlist=nlist, nprobe=nprobe, metric=metric)
+        for name, v, lo in (("m", m, 1), ("nbits", nbits, 1), ("refine", refine, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise RagError(f"index.{name} must be an integer >= {lo}, got {v!r}")
+        if nbits > 16:
+            raise RagError(f"index.nbits must be at most 16, got {nbits}")
+        self.m, self.nbits, self.refine = m, nbits, refine
+
+    @property
+    def params(self) -> dict[str, Any]:
+        # the refine factor is a query-time knob; whether the exact copy exists is part of the build
+        return {**super().params, "m": self.m, "nbits": self.nbits, "refined": self.refine > 0}
+
+    def effective_nbits(self, n: int) -> int:
+        """Fewer bits when the data cannot train 2^nbits centroids per sub-quantizer."""
+        return max(1, min(self.nbits, int(np.log2(max(2, n // self.MIN_POINTS_PER_CELL)))))
+
+    def _new(self, dim: int, n: int) -> Any:
+        if dim % self.m:
+            raise RagError(f"index.m ({self.m}) must divide the vectors' dimension ({dim})")
+        nlist, nbits = self.effective_nlist(n), self.effective_nbits(n)
+        if nbits < self.nbits:
+            log.info("index: %d vectors train only %d-bit PQ codes (asked for %d)", n, nbits, self.nbits)
+        quantizer = faiss.IndexFlatL2(dim) if self.metric == "l2" else faiss.IndexFlatIP(dim)
+        base = faiss.IndexIVFPQ(quantizer, dim, nlist, self.m, nbits, _metric(self.metric))
+        return faiss.IndexRefineFlat(base) if self.refine else base
+
+    def _ivf(self) -> Any:
+        return faiss.extract_index_ivf(self.index)
+
+    def _after_build(self) -> None:
+        ivf = self._ivf()
+        ivf.nprobe = min(self.nprobe, ivf.nlist)
+        if self.refine:
+            self.index.k_factor = float(self.refine)
+
+    def _search_params(self, selector: Any) -> Any:
+        ivf = faiss.SearchParametersIVF(sel=selector, nprobe=min(self.nprobe, self._ivf().nlist))
+        if not self.refine:
+            return ivf
+        return faiss.IndexRefineSearchParameters(k_factor=float(self.refine), base_index_params=ivf)
+
+
+class HNSWSQ8Index(HNSWIndex):
+    """The HNSW graph over 8-bit scalar-quantized vectors (faiss.IndexHNSWSQ)."""
+
+    def _new(self, dim: int, n: int) -> Any:
+        index = faiss.IndexHNSWSQ(dim, faiss.ScalarQuantizer.QT_8bit, self.M, _metric(self.metric))
+        index.hnsw.efConstruction = self.ef_construction
+        return index

@@ -86,7 +86,8 @@ def test_faiss_tiny():
     _check_table(res)
     cases = {c["index"]: c for c in res["cases"]}
     has_chroma = importlib.util.find_spec("chromadb") is not None  # the chroma extra
-    assert set(cases) == {"flat_l2", "flat_ip", "hnsw", "ivf"} | ({"chroma"} if has_chroma else set())
+    assert set(cases) == ({"flat_l2", "flat_ip", "hnsw", "ivf", "ivf_sq8", "ivf_pq", "ivf_pq_refine", "hnsw_sq8"}
+                          | ({"chroma"} if has_chroma else set()))
     assert [s["index"] for s in res["skipped"]] == ([] if has_chroma else ["chroma"])
     assert cases["flat_ip"]["recall_at_10"] == 1.0 and cases["hnsw"]["recall_at_10"] > 0.9
     for c in cases.values():

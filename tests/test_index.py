@@ -3,7 +3,7 @@ recall on a larger structured case; filters restrict results; save/load round-tr
 import numpy as np
 import pytest
 
-from rag.index import FlatIPIndex, FlatL2Index, HNSWIndex, IVFIndex
+from rag.index import FlatIPIndex, FlatL2Index, HNSWIndex, HNSWSQ8Index, IVFIndex, IVFPQIndex, IVFSQ8Index
 from rag.types import RagError
 
 
@@ -140,3 +140,47 @@ def test_index_chroma_without_its_extra_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "chromadb", None)  # as if not installed
     with pytest.raises(RagError, match=r'index=chroma needs chromadb: pip install -e "\.\[chroma\]"'):
         ChromaIndex().params  # noqa: B018 (the first thing a run asks of an index)
+
+
+# ---- compressed indexes for corpora whose float32 vectors do not fit in memory --------------------
+
+def structured(n: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    basis = rng.normal(size=(8, 64))
+    base = unit(rng.normal(size=(n, 8)) @ basis + 0.3 * rng.normal(size=(n, 64)))
+    return base, unit(rng.normal(size=(100, 8)) @ basis + 0.3 * rng.normal(size=(100, 64)))
+
+
+COMPRESSED = {
+    "ivf_sq8": (lambda: IVFSQ8Index(nlist=32, nprobe=8), 0.85),
+    "ivf_pq": (lambda: IVFPQIndex(nlist=32, m=16, nbits=8, nprobe=8), 0.35),
+    "ivf_pq_refined": (lambda: IVFPQIndex(nlist=32, m=16, nbits=8, nprobe=8, refine=10), 0.85),
+    "hnsw_sq8": (lambda: HNSWSQ8Index(M=16, ef_construction=100, ef_search=200), 0.9),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPRESSED))
+def test_compressed_indexes_reach_their_recall_and_refine_recovers_pq(name, tmp_path):
+    make, min_recall = COMPRESSED[name]
+    base, queries = structured(6000)
+    truth = FlatL2Index().build(base).search(queries, 10).ids
+    index = make().build(base)
+    got = index.search(queries, 10).ids
+    recall = np.mean([len(set(t) & set(g)) / 10 for t, g in zip(truth, got)])
+    assert recall >= min_recall, recall
+    index.save(tmp_path)
+    again = make().load(tmp_path)
+    np.testing.assert_array_equal(again.search(queries, 10).ids, got)
+    allowed = np.arange(0, 6000, 7)
+    hits = again.search(queries[:5], 5, allowed=allowed)
+    assert set(hits.ids[hits.ids >= 0].tolist()) <= set(allowed.tolist()) and (hits.ids >= 0).sum() > 0
+
+
+def test_pq_settings_are_checked_and_a_tiny_corpus_trains_fewer_bits(small):
+    with pytest.raises(RagError, match=r"index.m \(5\) must divide the vectors' dimension \(16\)"):
+        IVFPQIndex(nlist=4, m=5).build(small[0])
+    with pytest.raises(RagError, match="index.refine must be an integer >= 0"):
+        IVFPQIndex(refine=-1)
+    index = IVFPQIndex(nlist=4, m=4, nbits=8, nprobe=4).build(small[0])  # 200 vectors: 2 cells, 2-bit codes
+    assert index.effective_nbits(200) == 2 and index.search(small[1], 5).ids.shape == (10, 5)
+    assert IVFPQIndex(refine=4).params["refined"] and not IVFPQIndex().params["refined"]
