@@ -43,7 +43,7 @@ from rag.artifacts import answers_key
 from rag.cache import atomic_write_text
 from rag.latency import sample_rows
 from rag.llm.answer_cache import RECORD_KIND, answer_keys
-from rag.reranker.listwise import ORDERS, ListwiseReranker
+from rag.reranker.listwise import ORDERS, ListwiseReranker, read_order
 from rag.reranker.pointwise import SCORES, PointwiseReranker
 from rag.settings import Pricing
 from rag.types import Context, Hits
@@ -293,8 +293,6 @@ def windows_to_ask(reranker: ListwiseReranker, plan: RolePlan, query: str, head:
         if not asking:
             rec = reranker.cache.get_record(ORDERS, key)
             if rec is not None:
-                from rag.reranker.listwise import read_order
-
                 got, status = read_order(rec["answer"], len(passages))
                 plan.cached += 1
                 if status != "ok":
