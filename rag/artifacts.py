@@ -177,16 +177,19 @@ class Artifacts:
 
     # -- vectors, indexes ------------------------------------------------------------------------
 
+    def _texts_key(self, indexed: bool) -> dict[str, str]:
+        return self.chunk_set.indexed_key() if indexed else {"chunks": self.chunk_set.key}
+
     def vectors_key(self, embedder: SentenceTransformerEmbedder, indexed: bool = True) -> str:
         """`indexed`: of the texts the pipeline indexes (with chunker.contextualize's prefixes);
         else of the chunks' own texts (what the evaluation embedder encodes)."""
-        return make_key("vectors", embedder.id, self.chunk_set.indexed_key() if indexed else {"chunks": self.chunk_set.key})
+        return make_key("vectors", embedder.id, self._texts_key(indexed))
 
     def vectors(self, embedder: SentenceTransformerEmbedder, indexed: bool = True) -> np.ndarray:
         """float32 [n_chunks, dim], memory-mapped from the cache."""
         key = self.vectors_key(embedder, indexed)
         texts = self.chunk_set.indexed_texts if indexed else self.chunk_set.texts
-        inputs = self.chunk_set.indexed_key() if indexed else {"chunks": self.chunk_set.key}
+        inputs = self._texts_key(indexed)
 
         def build(tmp: Path) -> dict:
             if hasattr(embedder, "vectors_for"):  # embedder=precomputed: vectors by chunk id, nothing encoded

@@ -212,11 +212,15 @@ class IVFIndex(VectorIndex):
     def effective_nlist(self, n: int) -> int:
         return max(1, min(self.nlist, n // self.MIN_POINTS_PER_CELL))
 
-    def _new(self, dim: int, n: int) -> Any:
+    def _cells(self, dim: int, n: int) -> tuple[Any, int]:
+        """The coarse quantizer and the number of cells the data supports."""
         nlist = self.effective_nlist(n)
         if nlist < self.nlist:
             log.info("index: %d vectors support only %d IVF cells (asked for %d)", n, nlist, self.nlist)
-        quantizer = faiss.IndexFlatL2(dim) if self.metric == "l2" else faiss.IndexFlatIP(dim)
+        return (faiss.IndexFlatL2(dim) if self.metric == "l2" else faiss.IndexFlatIP(dim)), nlist
+
+    def _new(self, dim: int, n: int) -> Any:
+        quantizer, nlist = self._cells(dim, n)
         return faiss.IndexIVFFlat(quantizer, dim, nlist, _metric(self.metric))
 
     def _after_build(self) -> None:
@@ -231,8 +235,7 @@ class IVFSQ8Index(IVFIndex):
     dimension instead of four."""
 
     def _new(self, dim: int, n: int) -> Any:
-        nlist = self.effective_nlist(n)
-        quantizer = faiss.IndexFlatL2(dim) if self.metric == "l2" else faiss.IndexFlatIP(dim)
+        quantizer, nlist = self._cells(dim, n)
         return faiss.IndexIVFScalarQuantizer(quantizer, dim, nlist, faiss.ScalarQuantizer.QT_8bit, _metric(self.metric))
 
 
@@ -264,10 +267,10 @@ class IVFPQIndex(IVFIndex):
     def _new(self, dim: int, n: int) -> Any:
         if dim % self.m:
             raise RagError(f"index.m ({self.m}) must divide the vectors' dimension ({dim})")
-        nlist, nbits = self.effective_nlist(n), self.effective_nbits(n)
+        quantizer, nlist = self._cells(dim, n)
+        nbits = self.effective_nbits(n)
         if nbits < self.nbits:
             log.info("index: %d vectors train only %d-bit PQ codes (asked for %d)", n, nbits, self.nbits)
-        quantizer = faiss.IndexFlatL2(dim) if self.metric == "l2" else faiss.IndexFlatIP(dim)
         base = faiss.IndexIVFPQ(quantizer, dim, nlist, self.m, nbits, _metric(self.metric))
         return faiss.IndexRefineFlat(base) if self.refine else base
 

@@ -43,8 +43,7 @@ from rag.artifacts import answers_key
 from rag.cache import atomic_write_text
 from rag.latency import sample_rows
 from rag.llm.answer_cache import RECORD_KIND, answer_keys
-from rag.reranker.listwise import ORDERS, ListwiseReranker, read_order
-from rag.reranker.pointwise import SCORES, PointwiseReranker
+from rag.reranker.listwise import ListwiseReranker, read_order
 from rag.settings import Pricing
 from rag.types import Context, Hits
 
@@ -132,11 +131,7 @@ def dry_run(session: Any, answered: list[int], output_dir: Path) -> dict[str, An
     if served(reranker):
         roles["rerank"], hits = plan_rerank(session, reranker, queries, first, timed)
     elif first is not None:
-        hits = Hits.empty(len(queries), session.settings.k)
-        for q, query in enumerate(queries):
-            row = reranker.rerank([query], one_row(first, q), chunks, session.settings.k)
-            w = min(session.settings.k, row.width)
-            hits.ids[q, :w], hits.scores[q, :w] = row.ids[0, :w], row.scores[0, :w]
+        hits = rerank_each(reranker, queries, first, chunks, session.settings.k)
     if served(session.compressor):
         roles["compress"] = plan_compress(session, [queries[i] for i in answered], hits, answered)
     if served(generator):
@@ -156,8 +151,14 @@ def dry_run(session: Any, answered: list[int], output_dir: Path) -> dict[str, An
     return {"dry_run": plan}
 
 
-def one_row(hits: Hits, q: int) -> Hits:
-    return Hits(hits.ids[q:q + 1].copy(), hits.scores[q:q + 1].copy())
+def rerank_each(reranker: Any, queries: list[str], first: Hits, chunks: list[Any], k: int) -> Hits:
+    """Each question's top k, reranked one question at a time as the run reranks."""
+    out = Hits.empty(len(queries), k)
+    for q, query in enumerate(queries):
+        row = reranker.rerank([query], Hits(first.ids[q:q + 1].copy(), first.scores[q:q + 1].copy()), chunks, k)
+        w = min(k, row.width)
+        out.ids[q, :w], out.scores[q, :w] = row.ids[0, :w], row.scores[0, :w]
+    return out
 
 
 def pending(role: RolePlan) -> bool:
@@ -251,12 +252,11 @@ def plan_rerank(session: Any, reranker: Any, queries: list[str], first: Hits | N
             windows_to_ask(reranker, plan, query, heads[q], chunks, key_units=True)
         elif heads[q]:
             passages = [reranker.passage(chunks[i]) for i in heads[q]]
-            key = reranker.scores_key(query, passages)
-            rec = reranker.cache.get_record(SCORES, key)  # the model cache (paths.model_cache)
-            if rec is not None and len(rec.get("scores", ())) == len(passages):
+            if reranker.recorded_scores(query, passages) is not None:
                 plan.cached += 1
             else:
-                plan.add(1, len(passages), count_tokens(counter, passages, query), key=key)
+                plan.add(1, len(passages), count_tokens(counter, passages, query),
+                         key=reranker.scores_key(query, passages))
     main_pass_pending = pending(plan)
     for q in timed:  # timed searches rerank anew
         if listwise:
@@ -270,12 +270,7 @@ def plan_rerank(session: Any, reranker: Any, queries: list[str], first: Hits | N
         plan.notes.append("at most: a window answer that cannot be read ends its question's windows")
     if main_pass_pending:
         return plan, None
-    hits = Hits.empty(len(queries), k)
-    for q, query in enumerate(queries):  # every score is recorded: the real rerank reads them
-        row = reranker.rerank([query], one_row(first, q), chunks, k)
-        w = min(k, row.width)
-        hits.ids[q, :w], hits.scores[q, :w] = row.ids[0, :w], row.scores[0, :w]
-    return plan, hits
+    return plan, rerank_each(reranker, queries, first, chunks, k)  # every score is recorded: read, not asked
 
 
 def windows_to_ask(reranker: ListwiseReranker, plan: RolePlan, query: str, head: list[int], chunks: list[Any],
@@ -283,17 +278,15 @@ def windows_to_ask(reranker: ListwiseReranker, plan: RolePlan, query: str, head:
     """A listwise question's windows, bottom to top, following recorded answers; from the first
     window not recorded on, every remaining window is counted (its passages as they stand, since
     the order an answer would give is unknown)."""
-    ranked, end, asking = list(head), len(head), not key_units
+    ranked, asking = list(head), not key_units
     llm = reranker.llm
-    while end > 0:
-        start = max(0, end - reranker.window)
+    for start, end in reranker.window_spans(len(ranked)):
         rows = ranked[start:end]
         passages = [reranker.passage(chunks[r]) for r in rows]
-        key = reranker._key(query, passages)
         if not asking:
-            rec = reranker.cache.get_record(ORDERS, key)
-            if rec is not None:
-                got, status = read_order(rec["answer"], len(passages))
+            recorded = reranker.recorded_answer(query, passages)
+            if recorded is not None:
+                got, status = read_order(recorded, len(passages))
                 plan.cached += 1
                 if status != "ok":
                     return
@@ -302,10 +295,7 @@ def windows_to_ask(reranker: ListwiseReranker, plan: RolePlan, query: str, head:
                 asking = True
         if asking:
             plan.add(1, 1, prompt_tokens(llm, query, passages), int(getattr(llm, "max_tokens", 0) or 0),
-                     key=key if key_units else None)
-        if start == 0:
-            break
-        end -= reranker.step
+                     key=reranker._key(query, passages) if key_units else None)
 
 
 def prompt_tokens(llm: Any, query: str, contexts: list[Context]) -> int:
@@ -332,7 +322,7 @@ def bound_rerank(session: Any, reranker: Any, plan: RolePlan, searches: int) -> 
     mean = mean_chunk_chars(session)
     plan.exact = False
     if isinstance(reranker, ListwiseReranker):
-        windows = 1 + max(0, -(-(n_docs - reranker.window) // reranker.step))
+        windows = len(reranker.window_spans(n_docs))
         per_window = min(reranker.window, n_docs) * min(mean, reranker.passage_chars) / CHARS_PER_TOKEN
         empty = prompt_tokens(reranker.llm, "", [])
         out = int(getattr(reranker.llm, "max_tokens", 0) or 0)

@@ -70,6 +70,7 @@ class OpenAIGenerator(Generator):
         self.cache_namespace = cache_namespace
         self.dry_run = bool(dry_run)
         self.tokenizer = tokenizer
+        self._loaded_tokenizer: tuple[Any, str | None] | None = None  # (tokenizer or None, its path), once
         self.prompt = PromptBuilder(**dict(prompt or {}))
         self.system_prompt = system_prompt or None
         if self.max_tokens <= 0:
@@ -178,6 +179,13 @@ class OpenAIGenerator(Generator):
             f"estimated as characters / {CHARS_PER_TOKEN:g} (no local tokenizer: set llm.tokenizer to count exactly)")
 
     def _load_tokenizer(self) -> tuple[Any, str | None]:
+        """The local tokenizer (None when there is none, or it has no chat template), loaded once:
+        a dry run counts a prompt per window, context or chunk."""
+        if self._loaded_tokenizer is None:
+            self._loaded_tokenizer = self._find_tokenizer()
+        return self._loaded_tokenizer
+
+    def _find_tokenizer(self) -> tuple[Any, str | None]:
         source = self.tokenizer
         if source is None and Path(self.endpoint.model).expanduser().is_dir():
             source = self.endpoint.model

@@ -74,13 +74,30 @@ class ListwiseReranker(UsesCache, Reranker):
             h.update(p.text.encode("utf-8", "surrogatepass") + b"\0")
         return make_key(ORDERS, {"llm": self.llm.id}, {"query": query, "passages": h.hexdigest()})
 
+    def window_spans(self, n: int) -> list[tuple[int, int]]:
+        """(start, end) of each window over n candidates, bottom to top, `step` apart: the same
+        for any answers (an answer changes what a window holds, not where it lies)."""
+        spans, end = [], n
+        while end > 0:
+            start = max(0, end - self.window)
+            spans.append((start, end))
+            if start == 0:
+                break
+            end -= self.step
+        return spans
+
+    def recorded_answer(self, query: str, passages: list[Context]) -> str | None:
+        """The answer recorded for this window, or None (also rag.plan's: is a request due?)."""
+        rec = self.cache.get_record(ORDERS, self._key(query, passages))
+        return None if rec is None else rec["answer"]
+
     def _ask(self, query: str, passages: list[Context], reuse: bool) -> tuple[list[int], str]:
         key = self._key(query, passages)
         if reuse:
-            rec = self.cache.get_record(ORDERS, key)
-            if rec is not None:
+            recorded = self.recorded_answer(query, passages)
+            if recorded is not None:
                 self.usage["windows_from_cache"] += 1
-                return read_order(rec["answer"], len(passages))
+                return read_order(recorded, len(passages))
         answer = (self.llm.generate([query], [passages]) or [""])[0] or ""
         self.usage["requests"] += 1
         self._count_tokens()
@@ -108,17 +125,12 @@ class ListwiseReranker(UsesCache, Reranker):
         """The candidates (chunk rows, first-stage order) reordered by sliding windows, bottom to
         top; the first-stage order with the status of the first window that failed to parse."""
         ranked = list(candidates)
-        end = len(ranked)
-        while end > 0:
-            start = max(0, end - self.window)
+        for start, end in self.window_spans(len(ranked)):
             rows = ranked[start:end]
             got, status = self._ask(query, [self.passage(chunks[r]) for r in rows], reuse)
             if status != "ok":
                 return list(candidates), status
             ranked[start:end] = [rows[i] for i in got]
-            if start == 0:
-                break
-            end -= self.step
         return ranked, "ok"
 
     def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:

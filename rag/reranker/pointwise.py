@@ -95,13 +95,20 @@ class PointwiseReranker(UsesCache, Reranker):
             h.update(p.encode("utf-8", "surrogatepass") + b"\0")
         return make_key(SCORES, self._identity, {"query": query, "passages": h.hexdigest()})
 
+    def recorded_scores(self, query: str, passages: list[str]) -> np.ndarray | None:
+        """The scores recorded for these passages, or None (also rag.plan's: is a request due?)."""
+        rec = self.cache.get_record(SCORES, self.scores_key(query, passages))
+        if rec is not None and len(rec.get("scores", ())) == len(passages):
+            return np.asarray(rec["scores"], np.float32)
+        return None
+
     def question_scores(self, query: str, passages: list[str], reuse: bool) -> np.ndarray:
         """One question's scores: recorded ones when `reuse` and present, else scored (and recorded)."""
         key = self.scores_key(query, passages)
         if reuse:
-            rec = self.cache.get_record(SCORES, key)
-            if rec is not None and len(rec.get("scores", ())) == len(passages):
-                return np.asarray(rec["scores"], np.float32)
+            found = self.recorded_scores(query, passages)
+            if found is not None:
+                return found
         scores = self.score_passages(query, passages) if passages else np.zeros(0, np.float32)
         if reuse and self._recording:
             try:
