@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from experiments import metric_info as MI
+from experiments.stats import has_value
 
 if TYPE_CHECKING:
     from experiments.aggregate import RunRecord
@@ -356,7 +357,7 @@ def _result_rows(rep: Report) -> list[dict[str, Any]]:
         for m in rep.metrics:
             v = row.get(m)
             c = cmp.get((lab, m))
-            cell = {"value": "" if v is None or (isinstance(v, float) and math.isnan(v)) else MI.fmt(m, v),
+            cell = {"value": MI.fmt(m, v) if has_value(v) else "",
                     "ci": f"[{MI.fmt(m, row.get(f'{m}_ci_low'))}, {MI.fmt(m, row.get(f'{m}_ci_high'))}]",
                     "marker": "", "cls": "", "diff": "", "p": ""}
             if c is not None:
@@ -380,10 +381,11 @@ def served_rows(rep: Report) -> tuple[list[str], list[dict[str, Any]]]:
     roles = [c.removesuffix("_requests") for c in rep.frame.columns if c.endswith("_requests")]
     if not roles:
         return [], []
+    def num(v: Any, fmt: str) -> str:
+        return format(v, fmt) if has_value(v) else ""
+
     rows = []
     for _, row in rep.frame.iterrows():
-        def num(v: Any, fmt: str) -> str:
-            return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
         cells = [f"{num(row.get(f'{r}_requests'), '.0f')} / {num(row.get(f'cost_{r}'), '.4f')}" for r in roles]
         rows.append({"label": str(row["label"]), "cells": cells, "total": num(row.get("cost_total"), ".4f"),
                      "currency": row.get("currency") if isinstance(row.get("currency"), str) else ""})
@@ -412,7 +414,7 @@ def corpus_rows(rep: Report, metrics: list[str]) -> list[dict[str, Any]]:
 
 
 def _p(p: Any) -> str:
-    if p is None or (isinstance(p, float) and math.isnan(p)):
+    if not has_value(p):
         return "–"
     return f"{p:.2g}" if p >= 0.001 else f"{p:.0e}"
 
