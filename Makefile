@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup infinity demo test test-chroma test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean
+.PHONY: setup infinity demo seed test test-chroma test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -27,6 +27,14 @@ setup: $(STAMP)
 # the verdict against v1 and where the summary, charts and report were written.
 demo: setup
 	$(PYTHON) run.py -m sweep=demo
+
+# Rebuilds data/seed/ (what a cold demo would compute from the shipped data: chunk vectors and the
+# cross-encoder's scores; data/seed/README.md): the demo with an empty cache and no seed, then its
+# cache's vectors and scores copied. Needed after a change to a key of those artifacts.
+seed: setup
+	rm -rf outputs/seed-cache
+	RAGRIG_CACHE=outputs/seed-cache $(PYTHON) run.py -m sweep=demo paths.seed=null
+	$(PYTHON) -m rag.seed outputs/seed-cache --out data/seed
 
 test: setup
 	$(PYTHON) -m pytest -q

@@ -70,7 +70,8 @@ def bench_end_to_end(quick: bool = True, full: bool = False, versions: tuple[str
         for v in versions:
             if cache is None or cache_per_version:
                 cache = cold_cache(tmp / f"cache-{v}", share_from=share)
-            args = [f"+version={v}", f"paths.cache={cache}", *overrides]
+            # paths.seed=null: the stages' own cost, not the shipped seed's restore (benchmarks/demo.py has that)
+            args = [f"+version={v}", f"paths.cache={cache}", "paths.seed=null", *overrides]
             cold = _summary(run_one(args, tmp / f"out-{v}-cold"))
             warm = _summary(run_one(args, tmp / f"out-{v}-warm"))
             runs[v] = {"cold": cold, "warm": warm}

@@ -43,6 +43,8 @@ def run_process(args: list[str], out: Path, cache: Path, overrides: list[str], m
     where = f"hydra.sweep.dir={out}" if multirun else f"hydra.run.dir={out}"
     argv = [*(["-m"] if multirun else []), *overrides, *args, f"paths.cache={cache}", "embedder.show_progress=false",
             where]
+    if not any(a.startswith("paths.seed=") for a in [*overrides, *args]) and "sweep=demo" not in args:
+        argv.append("paths.seed=null")  # a sweep's cost is what its stages compute, not what the seed restores
     done, wall = run_py(argv, env={"TRANSFORMERS_OFFLINE": "1"})
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()[-1200:]}")

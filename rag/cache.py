@@ -14,6 +14,12 @@ warm job's cost. It holds values, never timings, and is keyed by what determines
 Writes are atomic: the builder fills `<root>/<kind>/tmp-<pid>-<rand>/`, a manifest with per-file
 checksums is added, and the directory is renamed into place. A file lock (`fcntl.flock`) per key
 makes parallel jobs that need the same artifact build it once; the others wait and reuse it.
+
+A cache may have a seed (`paths.seed`, by default `data/seed/`): a read-only directory laid out the
+same way, consulted only on a miss. A seeded artifact whose checksums hold is copied into the cache
+instead of being built, and a seeded record is read where it lies. The repository's seed holds what
+`make demo` would otherwise compute from the data it ships (data/seed/README.md); any other input
+gives other keys, so the seed is never consulted for them.
 """
 from __future__ import annotations
 
@@ -129,6 +135,12 @@ class Artifact:
     def file(self, name: str) -> Path:
         return self.path / name
 
+    def content_digest(self) -> str:
+        """A digest of the payload's checksums: the same for the same bytes in any cache on any
+        machine (a folder's modification times are not)."""
+        sums = {name: meta["sha256"] for name, meta in self.manifest.get("files", {}).items()}
+        return hashlib.sha256(canonical_json(sums).encode()).hexdigest()[:KEY_CHARS]
+
 
 # Errors of the cache's storage itself (not of a builder's inputs): reported as one line naming
 # the cache directory.
@@ -196,10 +208,14 @@ def clear_memory() -> None:
 
 
 class ArtifactCache:
-    def __init__(self, root: str | os.PathLike[str], setting: str = "paths.cache or RAGRIG_CACHE"):
-        """`setting`: what the user sets to choose this directory, named when it is unusable."""
+    def __init__(self, root: str | os.PathLike[str], setting: str = "paths.cache or RAGRIG_CACHE",
+                 seed: str | os.PathLike[str] | None = None):
+        """`setting`: what the user sets to choose this directory, named when it is unusable.
+        `seed`: a read-only directory of artifacts and records to restore from on a miss (a
+        missing directory is no seed)."""
         self.root = Path(root)
         check_cache_root(self.root, setting)
+        self.seed = Path(seed) if seed else None
         self.memory = _MEMORY.setdefault(self.root.absolute(), MemoryTier())
 
     def path(self, kind: str, key: str) -> Path:
@@ -267,8 +283,13 @@ class ArtifactCache:
         found = self.lookup(kind, key)
         if found is not None:
             return found
+        seeded = self._seeded(kind, key)
+        if seeded is not None:
+            build, inputs = seeded
         try:
-            return self._build(kind, key, build, inputs)
+            art = self._build(kind, key, build, inputs)
+            # restored, not built: the caller reads it as a hit (the manifest says `seeded_from`)
+            return Artifact(kind, key, art.path, art.manifest, hit=True) if seeded is not None else art
         except Exception as e:
             # A build writes only into its staging directory under the root, so a storage error
             # that names no file (a failed write(), a library's RuntimeError) is the cache's too.
@@ -280,6 +301,31 @@ class ArtifactCache:
                 f"artifact cache {self.root}: cannot write the {kind} artifact ({fault.strerror}{where}); "
                 "paths.cache (or RAGRIG_CACHE) must be a writable directory with free space"
             ) from None
+
+    def available(self, kind: str, key: str) -> bool:
+        """Whether `kind/key` would be read, not built: in the cache, or intact in the seed."""
+        return self.lookup(kind, key) is not None or self._seeded(kind, key) is not None
+
+    def _seeded(self, kind: str, key: str) -> tuple[Callable[[Path], dict[str, Any]], dict[str, Any]] | None:
+        """(a builder that copies the seed's artifact, its inputs) when the seed holds `kind/key`
+        whole and intact, else None (a damaged seed entry is built anew, with a warning)."""
+        if self.seed is None:
+            return None
+        src = self.seed / kind / key
+        manifest = self._read_manifest(src)
+        if manifest is None:
+            return None
+        if not self._valid(src, manifest, verify=True) or manifest.get("key") != key:
+            log.warning("cache: seed entry %s is damaged; building it instead", src)
+            return None
+        own = {"kind", "key", "inputs", "files", "build_seconds", "created", "seeded_from"}
+
+        def restore(tmp: Path) -> dict[str, Any]:
+            for name in manifest["files"]:
+                shutil.copyfile(src / name, tmp / name)
+            return {**{k: v for k, v in manifest.items() if k not in own}, "seeded_from": str(src)}
+
+        return restore, dict(manifest.get("inputs") or {})
 
     def _build(
         self, kind: str, key: str, build: Callable[[Path], Mapping[str, Any] | None], inputs: Mapping[str, Any] | None
@@ -335,7 +381,16 @@ class ArtifactCache:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (FileNotFoundError, NotADirectoryError):
-            return None
+            if self.seed is None:
+                return None
+            path = self.seed / kind / key[:2] / f"{key}.json"  # the seed's record, read where it lies
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except (ValueError, UnicodeDecodeError):
+                log.warning("cache: seed record %s is unreadable; ignoring it", path)
+                return None
         except (ValueError, UnicodeDecodeError):
             log.warning("cache: record %s is unreadable; ignoring it", path)
             return None

@@ -218,7 +218,7 @@ def plan_embed(session: Any, embedder: Any, queries: list[str], timed: list[int]
                     tokens_method=tokens_method(embedder.counter, "embedder.tokenizer"))
     artifacts, counter = session.artifacts, embedder.counter
     key = artifacts.vectors_key(embedder)
-    if session.cache.lookup("vectors", key) is not None:
+    if session.cache.available("vectors", key):
         plan.cached += 1
     else:
         # as rag.artifacts.encode_to_npy sends them: a dimension probe, then each distinct text once
@@ -343,7 +343,7 @@ def plan_generate(session: Any, generator: Any, queries: list[str], hits: Hits |
         contexts = session.context_builder.build(hits, session.chunk_set)
         contexts = [contexts[i] for i in answered]
         counts, plan.tokens_method = generator.count_prompt_tokens(queries, contexts)
-        if session.cache.lookup("answers", answers_key(generator, queries, contexts)) is not None:
+        if session.cache.available("answers", answers_key(generator, queries, contexts)):
             plan.cached = len(queries)
             return plan
         keys = answer_keys(generator.id, queries, contexts)

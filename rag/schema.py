@@ -99,8 +99,10 @@ def string(nonempty: bool = True, nullable: bool = False, choices: tuple[str, ..
     return check
 
 
-def path(what: str = "a file") -> Check:
+def path(what: str = "a file", nullable: bool = False) -> Check:
     def check(key: str, v: Any) -> None:
+        if nullable and v is None:
+            return
         if not isinstance(v, str) or not v.strip():
             raise RagError(f"{key} must name {what}, got {shown(v) if v != '' else 'an empty value'}")
 

@@ -142,7 +142,7 @@ def open_session(settings: Settings, askers: list[Asker] = ()) -> Session:
     """`askers`: more (who, corpus tag, answer document) whose source filters are checked with the
     questions', before any model loads (rag.ask's --corpus)."""
     timer = StageTimer()
-    cache = ArtifactCache(settings.paths.cache)
+    cache = ArtifactCache(settings.paths.cache, seed=settings.paths.seed)
     parts = create_components(settings, model_cache(settings))
     artifacts = Artifacts(cache, timer=timer)
     cut = settings.slice
@@ -189,7 +189,7 @@ def open_session(settings: Settings, askers: list[Asker] = ()) -> Session:
 def model_cache(settings: Settings) -> ArtifactCache:
     """Where components build their model artifacts: `paths.model_cache` (by default the artifact
     cache itself)."""
-    return ArtifactCache(settings.paths.model_cache, setting="paths.model_cache")
+    return ArtifactCache(settings.paths.model_cache, setting="paths.model_cache", seed=settings.paths.seed)
 
 
 def create_components(settings: Settings, models: ArtifactCache) -> Components:

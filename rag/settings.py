@@ -31,12 +31,16 @@ class Paths:
 
     cache: str
     model_cache: str  # model artifacts (ONNX exports, conversions, the cross-encoder); default: cache
+    seed: str | None  # read-only artifacts both caches restore from on a miss (rag/cache.py); None: none
 
-    RULES: ClassVar[dict[str, Check]] = {"cache": path("a directory"), "model_cache": path("a directory")}
+    RULES: ClassVar[dict[str, Check]] = {"cache": path("a directory"), "model_cache": path("a directory"),
+                                         "seed": path("a directory", nullable=True)}
 
     @classmethod
     def from_data(cls, d: dict[str, Any]) -> Paths:
-        return cls(to_absolute_path(str(d["cache"])), to_absolute_path(str(d["model_cache"])))
+        seed = d.get("seed")
+        return cls(to_absolute_path(str(d["cache"])), to_absolute_path(str(d["model_cache"])),
+                   to_absolute_path(str(seed)) if seed else None)
 
 
 @dataclass(frozen=True)

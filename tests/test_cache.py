@@ -172,3 +172,56 @@ def test_an_unusable_cache_names_the_setting_that_chose_it(tmp_path):
         ArtifactCache(afile)
     with pytest.raises(RagError, match=r"artifact cache .*a-file is not a directory \(set paths.model_cache to a directory\)"):
         ArtifactCache(afile, setting="paths.model_cache")
+
+
+# -- the seed: read-only artifacts and records restored on a miss -------------------------------
+
+def _seed_with_thing(tmp_path):
+    seed_calls = []
+    ArtifactCache(tmp_path / "seed").get_or_build("thing", "k1", _writer(seed_calls))
+    ArtifactCache(tmp_path / "seed").put_record("scores", "r1", {"scores": [1.0, 2.0]})
+    return tmp_path / "seed"
+
+
+def test_a_miss_restores_the_seeds_artifact_instead_of_building(tmp_path):
+    seed, calls = _seed_with_thing(tmp_path), []
+    cache = ArtifactCache(tmp_path / "cache", seed=seed)
+    art = cache.get_or_build("thing", "k1", _writer(calls))
+    assert calls == [] and art.hit, "restored, not built, and read as a hit"
+    assert art.path == tmp_path / "cache" / "thing" / "k1" and art.file("payload.txt").read_text() == "hello"
+    assert art.manifest["note"] == "built" and art.manifest["seeded_from"] == str(seed / "thing" / "k1")
+    assert cache.lookup("thing", "k1") is not None, "the copy is the cache's own from now on"
+    assert cache.get_or_build("thing", "k2", _writer(calls)).hit is False and calls == [1], "other keys are built"
+
+
+def test_a_damaged_seed_entry_is_built_instead(tmp_path, caplog):
+    seed, calls = _seed_with_thing(tmp_path), []
+    (seed / "thing" / "k1" / "payload.txt").write_text("hellO")  # same size, other bytes
+    art = ArtifactCache(tmp_path / "cache", seed=seed).get_or_build("thing", "k1", _writer(calls))
+    assert calls == [1] and not art.hit and "seeded_from" not in art.manifest
+    assert "seed entry" in caplog.text and "damaged" in caplog.text
+
+
+def test_records_are_read_from_the_seed_where_they_lie(tmp_path):
+    seed = _seed_with_thing(tmp_path)
+    cache = ArtifactCache(tmp_path / "cache", seed=seed)
+    assert cache.get_record("scores", "r1")["scores"] == [1.0, 2.0]
+    assert cache.get_record("scores", "r2") is None
+    cache.put_record("scores", "r1", {"scores": [3.0]})  # the cache's own record wins
+    assert cache.get_record("scores", "r1")["scores"] == [3.0]
+    assert ArtifactCache(tmp_path / "cache2", seed=tmp_path / "absent").get_record("scores", "r1") is None
+
+
+def test_the_same_bytes_have_the_same_content_digest_in_any_cache(tmp_path):
+    a = ArtifactCache(tmp_path / "a").get_or_build("thing", "k1", _writer([]))
+    b = ArtifactCache(tmp_path / "b").get_or_build("thing", "k1", _writer([]))
+    c = ArtifactCache(tmp_path / "c").get_or_build("thing", "k1", lambda tmp: {"n": (tmp / "payload.txt").write_text("other")})
+    assert a.content_digest() == b.content_digest() != c.content_digest()
+
+
+def test_available_says_whether_an_artifact_would_be_read_rather_than_built(tmp_path):
+    seed = _seed_with_thing(tmp_path)
+    cache = ArtifactCache(tmp_path / "cache", seed=seed)
+    assert cache.available("thing", "k1") and not cache.available("thing", "k2")
+    assert not (tmp_path / "cache" / "thing" / "k1").exists(), "asking restores nothing"
+    assert not ArtifactCache(tmp_path / "cache2").available("thing", "k1")

@@ -120,8 +120,11 @@ class CrossEncoderReranker(PointwiseReranker):
                 self._onnx = load_scorer(str(export_cross_encoder(model, path, self.max_length, self.cache)))
             self._model = model
             self._bf16 = use_bf16(self.precision, self.device)
+            # a trained model by its files' checksums, so that its recorded scores hold in every
+            # cache (and in the shipped seed); another local folder by names, sizes and mtimes
+            files = self.artifact.content_digest() if self.artifact is not None else model_fingerprint(path)
             self._identity = {"model": self.artifact.key if self.artifact is not None else path,
-                              "files": model_fingerprint(path), "max_length": self.max_length,
+                              "files": files, "max_length": self.max_length,
                               "precision": "bf16" if self._bf16 else "fp32", "backend": self.backend}
         return self._model
 
