@@ -47,12 +47,18 @@ test-crash: setup
 	$(PYTHON) -m pytest -q -m crash
 
 # Ray embedding engine and the Ray/submitit launchers, against a local two-node Ray cluster on
-# 127.0.0.1; installs the optional extra (ray[data], hydra-ray-launcher, hydra-submitit-launcher).
+# 127.0.0.1; installs the optional extra (ray[data], hydra-ray-launcher, hydra-submitit-launcher);
+# and a sweep through hydra/launcher=ragrig_slurm on a one-node Slurm cluster on 127.0.0.1
+# (tests/test_slurm.py; installs Debian's slurm-wlm and munge when missing, as root).
 # The file's unmarked tests (configuration and errors) need ray too: without the extra, `make test`
 # skips them, so they run here. -X faulthandler: a crash at interpreter exit prints every thread's stack.
 test-distributed: setup
 	$(PIP) install --quiet -e ".[distributed]"
-	$(PYTHON) -X faulthandler -m pytest -q -m "distributed or not (slow or scale or crash or gpu)" tests/test_distributed.py
+	@if ! command -v slurmctld >/dev/null && ! [ -x /usr/sbin/slurmctld ]; then \
+	    if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	    else echo "ragrig: the Slurm test needs slurm-wlm and munge (apt-get, as root); it will skip" >&2; fi; fi
+	$(PYTHON) -X faulthandler -m pytest -q -m "distributed or not (slow or scale or crash or gpu)" tests/test_distributed.py tests/test_slurm.py
 
 # A million synthetic chunks through the artifact path: peak memory, file formats, cache reuse
 # (a few minutes, ~5 GB of memory).

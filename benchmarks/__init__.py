@@ -26,6 +26,7 @@ FAMILIES = {
     "onnx": "benchmarks.onnx_backend:bench_onnx",
     "end_to_end": "benchmarks.end_to_end:bench_end_to_end",
     "scale": "benchmarks.scale:bench_scale",
+    "medline": "benchmarks.medline:bench_medline",
     "ray_encoding": "benchmarks.ray_encoding:bench_ray_encoding",  # skips, with its reason, without ray
     "generation": "benchmarks.generation:bench_generation",
     "serving": "benchmarks.serving:bench_serving",  # skips, with its reason, without the serving extra

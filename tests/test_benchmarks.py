@@ -24,7 +24,7 @@ def _check_table(res):
 
 
 def test_registry_functions_take_quick_and_full():
-    assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "ray_encoding",
+    assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "medline", "ray_encoding",
                              "generation", "serving", "served_models", "generation_speed", "retrieval_latency", "alpha_sweep",
                              "grid_sweep", "reranking", "demo"}
     for fn in REGISTRY.values():
@@ -100,6 +100,15 @@ def test_faiss_long_cases_only_with_full(monkeypatch):
     res = faiss_indexes.bench_faiss(quick=True, full=False, tiny=True, sizes=(1500,))
     assert "hnsw" not in {c["index"] for c in res["cases"]}
     assert res["skipped"][0]["index"] == "hnsw"
+
+
+def test_medline_tiny_reads_the_generated_baseline_by_glob():
+    from benchmarks.medline import bench_medline
+
+    res = bench_medline(quick=True, full=False, tiny=True)
+    _check_table(res)
+    assert res["files"] == 2 and res["articles"] == 400 and res["articles_per_s"] > 0
+    assert res["uncompressed_mb"] > res["compressed_mb"] > 0
 
 
 def test_scale_tiny():

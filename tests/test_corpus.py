@@ -417,6 +417,46 @@ def test_medline_skips_articles_without_abstract(tmp_path):
     assert corpus.skipped == ["pmid:1"]
 
 
+def _baseline_files(folder, n_files: int, per_file: int) -> list:
+    """A baseline as NCBI distributes it: numbered .xml.gz files of consecutive PMIDs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for f in range(n_files):
+        articles = [ARTICLE.format(pmid=f * per_file + i + 1, abstract=f"<Abstract><AbstractText>Finding {f}.{i}."
+                                   "</AbstractText></Abstract>") for i in range(per_file)]
+        path = folder / f"pubmed25n{f + 1:04d}.xml.gz"
+        path.write_bytes(gzip.compress(medline_xml(*articles).encode()))
+        files.append(path)
+    return files
+
+
+def test_medline_baseline_files_by_glob_in_sorted_order(tmp_path):
+    files = _baseline_files(tmp_path / "baseline", n_files=3, per_file=4)
+    (tmp_path / "baseline" / "README.txt").write_text("not matched")
+    corpus = MedlineCorpus(paths=[str(tmp_path / "baseline" / "pubmed25n*.xml.gz")])
+    assert corpus.paths == files
+    docs = corpus.load()
+    assert [d.id for d in docs] == [f"pmid:{i}" for i in range(1, 13)] and docs[5].text.endswith("Finding 1.1.")
+    fp = corpus.fingerprint()
+    assert [i["path"] for i in fp["inputs"]] == [str(f) for f in files]
+    _baseline_files(tmp_path / "baseline", n_files=4, per_file=4)  # NCBI adds a file: another fingerprint
+    assert corpus.fingerprint() != fp and len(corpus.load()) == 16
+    # a file named twice (by a pattern and by name) is read once
+    assert MedlineCorpus(paths=[files[0], str(tmp_path / "baseline" / "*.xml.gz")]).paths[0] == files[0]
+
+
+def test_medline_glob_matching_nothing_and_truncated_gzip_are_one_line(tmp_path):
+    with pytest.raises(RagError, match=r"^corpus.paths: .*/pubmed25n\*.xml.gz matches no file$") as e:
+        MedlineCorpus(paths=[str(tmp_path / "pubmed25n*.xml.gz")]).load()
+    one_line_error(e)
+    files = _baseline_files(tmp_path, n_files=2, per_file=50)
+    data = files[1].read_bytes()
+    files[1].write_bytes(data[: len(data) // 2])  # a download cut short
+    with pytest.raises(RagError, match=r"pubmed25n0002.xml.gz: cannot read: Compressed file ended") as e:
+        MedlineCorpus(paths=[str(tmp_path / "*.xml.gz")]).load()
+    one_line_error(e)
+
+
 def test_medline_errors(tmp_path):
     with pytest.raises(RagError, match="nope.xml: file not found"):
         MedlineCorpus(paths=[tmp_path / "nope.xml"]).load()

@@ -1,16 +1,20 @@
 """PubMed/MEDLINE XML (NCBI baseline format: PubmedArticleSet/PubmedArticle), plain or gzipped.
 
 Baseline files hold ~30,000 articles and are ~150 MB uncompressed, so they are streamed with
-iterparse and every article is cleared once read, keeping memory flat.
+iterparse and every article is cleared once read, keeping memory flat. NCBI distributes the
+baseline as ~1,200 files (`pubmed25n0001.xml.gz` ...), so `paths` also takes glob patterns,
+expanded in sorted order each time the corpus is fingerprinted or read.
 """
 from __future__ import annotations
 
+import glob
 import gzip
 import os
 import re
 import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any
 
 from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, normalize_space, text_value
@@ -79,12 +83,26 @@ class MedlineCorpus(Corpus):
         super().__init__()
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        self.paths = [as_path(p) for p in paths]
-        if not self.paths:
+        self.patterns = [as_path(p) for p in paths]
+        if not self.patterns:
             raise RagError("MedlineCorpus: no input files given")
 
+    @property
+    def paths(self) -> list[Path]:
+        """The files, each pattern expanded (sorted) in place; a pattern that matches nothing is an error."""
+        files: list[Path] = []
+        for p in self.patterns:
+            if not glob.has_magic(str(p)):
+                files.append(p)
+                continue
+            found = sorted(Path(f) for f in glob.glob(str(p)) if os.path.isfile(f))
+            if not found:
+                raise RagError(f"corpus.paths: {p} matches no file")
+            files.extend(found)
+        return list(dict.fromkeys(files))
+
     def settings(self) -> dict[str, Any]:
-        return {"paths": [str(p) for p in self.paths]}
+        return {"paths": [str(p) for p in self.patterns]}
 
     def inputs(self) -> Any:
         return [file_fingerprint(p) for p in self.paths]
@@ -93,7 +111,8 @@ class MedlineCorpus(Corpus):
         self.skipped = []
         docs: list[Document] = []
         origin: dict[str, str] = {}
-        for path in self.paths:
+        files = self.paths
+        for path in files:
             for doc in self._read(path):
                 if doc.id in origin:
                     where = "earlier in the file" if origin[doc.id] == str(path) else f"also in {origin[doc.id]}"
@@ -101,7 +120,7 @@ class MedlineCorpus(Corpus):
                 origin[doc.id] = str(path)
                 docs.append(doc)
         if not docs:
-            raise RagError(f"{', '.join(map(str, self.paths))}: no articles with an abstract")
+            raise RagError(f"{', '.join(map(str, files))}: no articles with an abstract")
         return check_documents(docs, "MedlineCorpus")
 
     def _open(self, path) -> IO[bytes]:
