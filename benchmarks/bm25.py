@@ -89,12 +89,46 @@ def bm25_case(backend: str, corpus_file: str, n_queries: int = N_QUERIES, k: int
         bm25s_retrieve(queries[0])
         lat1 = per_call_ms(bm25s_retrieve, queries, budget_s=query_budget_s, min_calls=10)
         out["query_ms_median_bm25s_retrieve"] = median(lat1)
+    if backend == "bm25s":  # retriever.mmap: the saved index read into memory vs memory-mapped
+        out.update(_load_cases(index, queries, k, query_budget_s))
     if backend == "bm25s":  # how much of the build is the harness's tokenizer
         sample = texts[: min(len(texts), tokenize_sample)]
         t0 = time.perf_counter()
         tokenize(sample)
         out["tokenize_s_estimate"] = round((time.perf_counter() - t0) * len(texts) / len(sample), 3)
         out["tokenize_share_of_build"] = round(out["tokenize_s_estimate"] / build_s, 3)
+    return out
+
+
+def _load_cases(index: Any, queries: list[str], k: int, query_budget_s: float) -> dict[str, Any]:
+    """Saves the built index, drops it, then loads it twice: read into memory and memory-mapped
+    (`retriever.mmap=true`): anonymous memory each load adds, and query latency on each (the
+    mapped files warm in the page cache after the first queries)."""
+    import gc
+    import shutil
+    import tempfile
+
+    from rag.bm25 import BM25Index
+
+    folder = Path(tempfile.mkdtemp(prefix="bm25-load-"))
+    out: dict[str, Any] = {}
+    try:
+        index.save(folder)
+        out["saved_mb"] = mb(sum(f.stat().st_size for f in folder.iterdir()))
+        del index
+        for name, mapped in (("loaded", False), ("mmap", True)):
+            gc.collect()
+            before = proc_mem().get("RssAnon", 0)
+            t0 = time.perf_counter()
+            idx = BM25Index("bm25s", mmap=mapped).load(folder)
+            out[f"{name}_load_s"] = round(time.perf_counter() - t0, 3)
+            out[f"{name}_anon_delta_mb"] = mb(proc_mem().get("RssAnon", 0) - before)
+            idx.search([queries[0]], k)
+            lat = per_call_ms(lambda q, i=idx: i.search([q], k), queries, budget_s=query_budget_s / 3, min_calls=10)
+            out[f"{name}_query_ms_median"] = median(lat)
+            del idx
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return out
 
 
@@ -173,6 +207,11 @@ def compare_cases(cases: list[dict[str, Any]], skipped: list[dict[str, Any]],
                          f"p95 {s['query_ms_p95']} ms; through bm25s.retrieve (its own top-k selection) "
                          f"{s.get('query_ms_median_bm25s_retrieve')} ms = "
                          f"{ratio(s.get('query_ms_median_bm25s_retrieve'), s['query_ms_median'])}x"))
+        if "mmap_anon_delta_mb" in s:
+            table.append(row(f"{n:,} chunks: bm25s index loaded / memory-mapped (retriever.mmap=true)",
+                             f"{s['loaded_anon_delta_mb']} / {s['mmap_anon_delta_mb']}", "MiB anon",
+                             f"saved {s['saved_mb']} MiB; load {s['loaded_load_s']} / {s['mmap_load_s']} s; query "
+                             f"median {s['loaded_query_ms_median']} / {s['mmap_query_ms_median']} ms (page cache warm)"))
         if r is not None:
             table.append(row(f"{n:,} chunks: rank-bm25 build", r["build_s"], "s", f"{comp['build_ratio']}x bm25s"))
             table.append(row(f"{n:,} chunks: rank-bm25 peak build memory (RSS delta)", r["peak_build_delta_mb"], "MiB",

@@ -220,6 +220,7 @@ class Artifacts:
             art = self.cache.get_or_build("index", key, build, inputs=index.params)
             if art.hit:
                 index.load(art.path)
+                index.use_vectors(vectors)
         self._note("index", key, art.hit)
         return index, key
 
@@ -239,7 +240,7 @@ class Artifacts:
                 return {"n_docs": bm25.n_docs}
 
             art = self.cache.get_or_build("bm25", key, build, inputs=bm25.params)
-            if art.hit:
+            if art.hit or bm25.mmap:  # mmap: the built arrays give way to the saved files, mapped
                 bm25.load(art.path)
         self._note("bm25", key, art.hit)
         return bm25, key

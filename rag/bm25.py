@@ -113,13 +113,19 @@ def _top_unordered(values: np.ndarray, n: int) -> np.ndarray:
 
 
 class BM25Index:
-    def __init__(self, backend: str = "bm25s", k1: float = 1.5, b: float = 0.75, stopwords: bool = True, stem: bool = True):
+    def __init__(self, backend: str = "bm25s", k1: float = 1.5, b: float = 0.75, stopwords: bool = True, stem: bool = True,
+                 mmap: bool = False):
+        """`mmap`: a saved bm25s index is memory-mapped rather than read into memory (the score
+        postings of a 10M-chunk corpus are GBs; the page cache holds what queries touch)."""
         if backend not in BACKENDS:
             raise RagError(f"retriever bm25 backend must be one of {BACKENDS}, got {backend!r}")
         if not k1 > 0 or not 0 <= b <= 1:
             raise RagError(f"bm25 parameters out of range: k1={k1} (> 0), b={b} (in [0, 1])")
         self.backend, self.k1, self.b = backend, float(k1), float(b)
         self.stopwords, self.stem = bool(stopwords), bool(stem)
+        if not isinstance(mmap, bool):
+            raise RagError(f"retriever mmap must be true or false, got {mmap!r}")
+        self.mmap = mmap and backend == "bm25s"
         self.model: Any = None
         self.n_docs = 0
         self._mask_cache: tuple[np.ndarray, np.ndarray] | None = None
@@ -155,7 +161,7 @@ class BM25Index:
     def load(self, directory: Path) -> "BM25Index":
         import bm25s
 
-        self.model = bm25s.BM25.load(str(directory), mmap=False, allow_pickle=False)
+        self.model = bm25s.BM25.load(str(directory), mmap=self.mmap, allow_pickle=False)
         self._mask_cache = None
         self.n_docs = int(self.model.scores["num_docs"])
         return self

@@ -83,10 +83,15 @@ class VectorIndex:
                 log.info("index %s: %d/%d vectors added (%.0f s, about %.0f s left)", type(self).__name__,
                          done, n, elapsed, elapsed / done * (n - done))
         self._after_build()
+        self.use_vectors(vectors)
         return self
 
     def _after_build(self) -> None:
         pass
+
+    def use_vectors(self, vectors: np.ndarray) -> None:
+        """The float32 vectors the index was built from (memory-mapped from the cache): an index
+        that re-scores exactly reads them here instead of keeping a copy (IVFPQIndex's refine)."""
 
     @property
     def dim(self) -> int:
@@ -242,8 +247,11 @@ class IVFSQ8Index(IVFIndex):
 class IVFPQIndex(IVFIndex):
     """IVF cells holding product-quantized vectors (faiss.IndexIVFPQ): `m` sub-vectors of `nbits`
     bits each, m bytes a vector at 8 bits (48 for 384-d against 1,536 in float32). `refine` > 0
-    re-scores the top refine x n candidates of each search exactly (faiss.IndexRefineFlat, which
-    keeps a float32 copy of the vectors in memory beside the codes)."""
+    re-scores the top refine x n candidates of each search exactly, reading their float32 rows
+    from the vectors given to `use_vectors` (the cache's memory-mapped file), as
+    faiss.IndexRefineFlat does from a copy it keeps in memory: at 10M chunks that copy would be
+    15 GB, where the mapped rows a search touches are a few hundred KB of page cache. The codes
+    are the same index with or without refine, so both share one cached artifact."""
 
     def __init__(self, nlist: int = 1024, m: int = 48, nbits: int = 8, nprobe: int = 16, refine: int = 0,
                  metric: str = "l2"):
@@ -254,11 +262,14 @@ class IVFPQIndex(IVFIndex):
         if nbits > 16:
             raise RagError(f"index.nbits must be at most 16, got {nbits}")
         self.m, self.nbits, self.refine = m, nbits, refine
+        self._vectors: np.ndarray | None = None
 
     @property
     def params(self) -> dict[str, Any]:
-        # the refine factor is a query-time knob; whether the exact copy exists is part of the build
-        return {**super().params, "m": self.m, "nbits": self.nbits, "refined": self.refine > 0}
+        return {**super().params, "m": self.m, "nbits": self.nbits}  # refine is a query-time knob
+
+    def use_vectors(self, vectors: np.ndarray) -> None:
+        self._vectors = vectors
 
     def effective_nbits(self, n: int) -> int:
         """Fewer bits when the data cannot train 2^nbits centroids per sub-quantizer."""
@@ -271,8 +282,7 @@ class IVFPQIndex(IVFIndex):
         nbits = self.effective_nbits(n)
         if nbits < self.nbits:
             log.info("index: %d vectors train only %d-bit PQ codes (asked for %d)", n, nbits, self.nbits)
-        base = faiss.IndexIVFPQ(quantizer, dim, nlist, self.m, nbits, _metric(self.metric))
-        return faiss.IndexRefineFlat(base) if self.refine else base
+        return faiss.IndexIVFPQ(quantizer, dim, nlist, self.m, nbits, _metric(self.metric))
 
     def _ivf(self) -> Any:
         return faiss.extract_index_ivf(self.index)
@@ -280,14 +290,31 @@ class IVFPQIndex(IVFIndex):
     def _after_build(self) -> None:
         ivf = self._ivf()
         ivf.nprobe = min(self.nprobe, ivf.nlist)
-        if self.refine:
-            self.index.k_factor = float(self.refine)
 
     def _search_params(self, selector: Any) -> Any:
-        ivf = faiss.SearchParametersIVF(sel=selector, nprobe=min(self.nprobe, self._ivf().nlist))
+        return faiss.SearchParametersIVF(sel=selector, nprobe=min(self.nprobe, self._ivf().nlist))
+
+    def search(self, queries: np.ndarray, n: int, allowed: np.ndarray | None = None) -> Hits:
         if not self.refine:
-            return ivf
-        return faiss.IndexRefineSearchParameters(k_factor=float(self.refine), base_index_params=ivf)
+            return super().search(queries, n, allowed)
+        if self._vectors is None:
+            raise RagError("index.refine re-scores from the chunk vectors, and none were given (use_vectors)")
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        n = max(1, min(n, self.ntotal))
+        wide = super().search(queries, min(self.ntotal, n * self.refine), allowed)
+        ids = np.full((len(queries), n), -1, np.int64)
+        scores = np.full((len(queries), n), -np.inf, np.float32)
+        for q, (row, query) in enumerate(zip(wide.ids, queries)):
+            cand = row[row >= 0]
+            if not len(cand):
+                continue
+            order = np.argsort(cand, kind="stable")  # ascending rows: a sequential read of the mapping
+            exact = np.empty(len(cand), np.float32)
+            vecs = np.asarray(self._vectors[cand[order]], np.float32)
+            exact[order] = vecs @ query if self.metric == "ip" else -((vecs - query) ** 2).sum(axis=1)
+            best = np.argsort(-exact, kind="stable")[:n]  # ties keep the codes' order
+            ids[q, : len(best)], scores[q, : len(best)] = cand[best], exact[best]
+        return Hits(ids, scores)
 
 
 class HNSWSQ8Index(HNSWIndex):

@@ -204,12 +204,13 @@ class BM25Retriever(Retriever):
         stopwords: bool = True,
         stem: bool = True,
         source_filter: Any = None,
+        mmap: bool = False,
     ):
         super().__init__(source_filter)
         if self.routes:
             raise RagError("retriever.source_filter.mode=router routes in the dense embedder's space: "
                            "use retriever=dense or retriever=hybrid")
-        self.bm25 = BM25Index(backend=backend, k1=k1, b=b, stopwords=stopwords, stem=stem)
+        self.bm25 = BM25Index(backend=backend, k1=k1, b=b, stopwords=stopwords, stem=stem, mmap=mmap)
         self._key: str | None = None
 
     def _prepare(self, artifacts: Artifacts) -> None:

@@ -69,6 +69,33 @@ def test_bm25s_save_and_load(tmp_path):
     assert not list(tmp_path.glob("*.pkl"))
 
 
+def test_a_memory_mapped_index_scores_and_filters_as_the_loaded_one(tmp_path):
+    BM25Index("bm25s").build(CORPUS).save(tmp_path)
+    loaded, mapped = BM25Index("bm25s").load(tmp_path), BM25Index("bm25s", mmap=True).load(tmp_path)
+    assert isinstance(mapped.model.scores["data"], np.memmap) and not isinstance(loaded.model.scores["data"], np.memmap)
+    for allowed in (None, np.array([0, 2, 8, 9, 11])):
+        a, b = loaded.search(QUERIES, 4, allowed), mapped.search(QUERIES, 4, allowed)
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.scores, b.scores)
+    assert BM25Index("rank_bm25", mmap=True).mmap is False, "rank_bm25 has no files to map"
+    with pytest.raises(RagError, match="retriever mmap must be true or false, got 'yes'"):
+        BM25Index("bm25s", mmap="yes")
+
+
+def test_a_run_with_mmap_searches_the_mapped_files_it_just_built(tmp_path):
+    from rag.artifacts import Artifacts, ChunkSet
+    from rag.cache import ArtifactCache
+    from rag.types import Chunk
+
+    chunks = [Chunk(f"d{i}#0", f"d{i}", t, "notes", 0, len(t), 0) for i, t in enumerate(CORPUS)]
+    artifacts = Artifacts(ArtifactCache(tmp_path), ChunkSet("k", chunks))
+    built, key = artifacts.bm25(BM25Index("bm25s", mmap=True))
+    assert isinstance(built.model.scores["data"], np.memmap), "the built arrays gave way to the saved files"
+    plain, same_key = Artifacts(ArtifactCache(tmp_path), ChunkSet("k", chunks)).bm25(BM25Index("bm25s"))
+    assert same_key == key, "the same index: mmap is how it is read, not what it is"
+    np.testing.assert_array_equal(built.search(QUERIES, 4).ids, plain.search(QUERIES, 4).ids)
+
+
 def test_bad_backend_and_parameters():
     with pytest.raises(RagError, match="backend"):
         BM25Index("lucene")

@@ -170,6 +170,7 @@ def test_compressed_indexes_reach_their_recall_and_refine_recovers_pq(name, tmp_
     assert recall >= min_recall, recall
     index.save(tmp_path)
     again = make().load(tmp_path)
+    again.use_vectors(base)  # what rag.artifacts does after a load: the cache's vectors, mapped
     np.testing.assert_array_equal(again.search(queries, 10).ids, got)
     allowed = np.arange(0, 6000, 7)
     hits = again.search(queries[:5], 5, allowed=allowed)
@@ -183,4 +184,25 @@ def test_pq_settings_are_checked_and_a_tiny_corpus_trains_fewer_bits(small):
         IVFPQIndex(refine=-1)
     index = IVFPQIndex(nlist=4, m=4, nbits=8, nprobe=4).build(small[0])  # 200 vectors: 2 cells, 2-bit codes
     assert index.effective_nbits(200) == 2 and index.search(small[1], 5).ids.shape == (10, 5)
-    assert IVFPQIndex(refine=4).params["refined"] and not IVFPQIndex().params["refined"]
+    assert IVFPQIndex(refine=4).params == IVFPQIndex().params, "one cached index with or without refine"
+
+
+def test_refine_rescores_from_the_mapped_vectors_as_faiss_refine_flat_does_from_its_copy(tmp_path):
+    import faiss
+
+    base, queries = structured(6000)
+    np.save(tmp_path / "vectors.npy", base)
+    mapped = np.load(tmp_path / "vectors.npy", mmap_mode="r")
+    index = IVFPQIndex(nlist=32, m=16, nbits=8, nprobe=8, refine=10).build(mapped)
+    assert np.shares_memory(index._vectors, mapped), "the mapped file is read, no copy is kept"
+    ours = index.search(queries, 10)
+    ref = faiss.IndexRefineFlat(faiss.clone_index(index.index), faiss.swig_ptr(base))  # its own float32 copy
+    ref.k_factor = 10.0
+    dist, ids = ref.search(queries, 10)
+    np.testing.assert_array_equal(ours.ids, ids)
+    np.testing.assert_allclose(-ours.scores, dist, rtol=1e-5, atol=1e-5)
+    fresh = IVFPQIndex(nlist=32, m=16, nbits=8, nprobe=8, refine=10)
+    index.save(tmp_path)
+    fresh.load(tmp_path)
+    with pytest.raises(RagError, match="index.refine re-scores from the chunk vectors, and none were given"):
+        fresh.search(queries, 10)
