@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rag.bm25 import BM25Index
-from rag.cache import ArtifactCache, make_key
+from rag.cache import ArtifactCache, atomic_write_text, make_key
 from rag.corpus.slicing import check_unique_ids, content_fingerprint
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 from rag.index import VectorIndex
@@ -38,8 +39,10 @@ DOCS_FILE = "docs.jsonl"
 CHUNKS_FILE = "chunks.jsonl"
 VECTORS_FILE = "vectors.npy"
 ANSWERS_FILE = "answers.json"
-# Encoding in blocks bounds the memory of one step and shows progress on large corpora.
-ENCODE_BLOCK = 8192
+# Encoding in blocks bounds the memory of one step, shows progress on large corpora, and is what an
+# interrupted embedding resumes from (encode_to_npy). RAGRIG_TEST_ENCODE_BLOCK: smaller blocks, for
+# the crash tests only (a few hundred chunks then span several blocks).
+ENCODE_BLOCK = int(os.environ.get("RAGRIG_TEST_ENCODE_BLOCK", 8192))
 
 
 @dataclass
@@ -196,7 +199,7 @@ class Artifacts:
                 vecs = embedder.vectors_for([c.id for c in self.chunk_set.chunks])
                 np.save(tmp / VECTORS_FILE, vecs)
                 return {"n": len(vecs), "dim": int(vecs.shape[1]), "embedder": json.loads(json.dumps(embedder.id))}
-            return encode_to_npy(embedder, texts, tmp / VECTORS_FILE)
+            return encode_to_npy(embedder, texts, tmp / VECTORS_FILE, resume=self.cache.partial("vectors", key))
 
         with self.timer.stage("embed"):
             art = self.cache.get_or_build("vectors", key, build, inputs={**inputs, **embedder.id})
@@ -332,12 +335,19 @@ def load_corpus(corpus: Any, cache: ArtifactCache) -> tuple[list[Document], list
     return docs, list(art.manifest.get("skipped", []))
 
 
-def encode_to_npy(embedder: SentenceTransformerEmbedder, texts: list[str], path: Path) -> dict:
+def encode_to_npy(embedder: SentenceTransformerEmbedder, texts: list[str], path: Path,
+                  resume: Path | None = None) -> dict:
     """Encode texts into a float32 .npy written block by block (never whole in memory twice).
     Identical texts (boilerplate repeated across documents) are encoded once.
 
     The embedder yields (rows, vectors) pairs from `encode_blocks`, in any order, so an engine
-    that encodes on several workers (rag.embedder.ray_data) writes the very same file."""
+    that encodes on several workers (rag.embedder.ray_data) writes the very same file.
+
+    `resume`: a directory that outlives a failed or killed build (the cache's `partial` directory
+    of this artifact). The unique texts' vectors are written into a file there, and blocks.json
+    lists the blocks of ENCODE_BLOCK texts whose rows are all written and flushed; a later build
+    reopens the file and encodes only the other blocks, so an hours-long embedding killed near its
+    end loses at most the blocks in flight. The file is moved, not copied, into the artifact."""
     unique: dict[str, int] = {}
     inverse = np.fromiter((unique.setdefault(t, len(unique)) for t in texts), dtype=np.int64, count=len(texts))
     uniq_texts = list(unique)
@@ -345,10 +355,18 @@ def encode_to_npy(embedder: SentenceTransformerEmbedder, texts: list[str], path:
     # With no repeated text (the usual case) the unique vectors are the result: encode straight
     # into the output, not into a second file that is then copied (2x the writes and page cache).
     all_unique = len(uniq_texts) == len(texts)
-    uniq_path = path if all_unique else path.with_name("unique.tmp.npy")
-    out_u = np.lib.format.open_memmap(uniq_path, mode="w+", dtype=np.float32, shape=(len(uniq_texts), dim))
-    for rows, vecs in embedder.encode_blocks(uniq_texts, ENCODE_BLOCK):
-        out_u[rows] = vecs
+    blocks = BlockLog(resume, len(uniq_texts), dim)
+    if resume is not None:
+        uniq_path = resume / "unique.npy"
+    else:
+        uniq_path = path if all_unique else path.with_name("unique.tmp.npy")
+    out_u = blocks.open(uniq_path)
+    todo = blocks.todo()  # rows still to encode: whole blocks, in order
+    todo_texts = uniq_texts if len(todo) == len(uniq_texts) else [uniq_texts[i] for i in todo]
+    for rows, vecs in embedder.encode_blocks(todo_texts, ENCODE_BLOCK):
+        where = todo[rows]
+        out_u[where] = vecs
+        blocks.filled(where, out_u)
     out_u.flush()
     if not all_unique:
         out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(texts), dim))
@@ -360,4 +378,69 @@ def encode_to_npy(embedder: SentenceTransformerEmbedder, texts: list[str], path:
         uniq_path.unlink()
     else:
         del out_u
-    return {"n": len(texts), "unique": len(uniq_texts), "dim": dim, "embedder": json.loads(json.dumps(embedder.id))}
+        if uniq_path != path:
+            os.replace(uniq_path, path)
+    return {"n": len(texts), "unique": len(uniq_texts), "dim": dim, "embedder": json.loads(json.dumps(embedder.id)),
+            "resumed_blocks": blocks.restored}
+
+
+class BlockLog:
+    """Which blocks of encode_to_npy's unique-vectors file are complete: blocks.json in its resume
+    directory, rewritten atomically after each block's rows are flushed (None: no directory,
+    nothing recorded, a fresh file every time)."""
+
+    def __init__(self, directory: Path | None, n: int, dim: int):
+        self.dir, self.n, self.dim = directory, n, dim
+        self.count = np.zeros(-(-n // ENCODE_BLOCK), np.int64)  # rows filled per block
+        self.done: set[int] = set()
+        self.restored = 0
+
+    def _rows(self, b: int) -> slice:
+        return slice(b * ENCODE_BLOCK, min(self.n, (b + 1) * ENCODE_BLOCK))
+
+    def open(self, file: Path) -> np.ndarray:
+        """The unique vectors' memory map: an interrupted build's file with its finished blocks when
+        it matches (same rows, dimension and block size), else a new one."""
+        shape = (self.n, self.dim)
+        if self.dir is not None and file.is_file():
+            try:
+                record = json.loads((self.dir / "blocks.json").read_text())
+                out = np.lib.format.open_memmap(file, mode="r+")
+                if (out.shape, out.dtype, record.get("n"), record.get("dim"), record.get("block")) == \
+                        (shape, np.float32, self.n, self.dim, ENCODE_BLOCK):
+                    self.done = {int(b) for b in record["done"] if 0 <= int(b) < len(self.count)}
+                    for b in self.done:
+                        self.count[b] = self._rows(b).stop - self._rows(b).start
+                    self.restored = len(self.done)
+                    if self.restored:
+                        log.info("embedding resumes: %d of %d blocks were encoded by an earlier, interrupted build",
+                                 self.restored, len(self.count))
+                    return out
+                del out
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # unreadable or another shape: encoded anew
+        self._record()
+        return np.lib.format.open_memmap(file, mode="w+", dtype=np.float32, shape=shape)
+
+    def todo(self) -> np.ndarray:
+        rows = [np.arange(self._rows(b).start, self._rows(b).stop) for b in range(len(self.count)) if b not in self.done]
+        return np.concatenate(rows) if rows else np.zeros(0, np.int64)
+
+    def filled(self, rows: np.ndarray, out: np.ndarray) -> None:
+        if self.dir is None:
+            return
+        blocks, counts = np.unique(np.asarray(rows) // ENCODE_BLOCK, return_counts=True)
+        finished = False
+        for b, c in zip(blocks.tolist(), counts.tolist()):
+            self.count[b] += c
+            if self.count[b] == self._rows(b).stop - self._rows(b).start:
+                self.done.add(b)
+                finished = True
+        if finished:
+            out.flush()  # the rows reach the file before the record says they did
+            self._record()
+
+    def _record(self) -> None:
+        if self.dir is not None:
+            atomic_write_text(self.dir / "blocks.json", json.dumps(
+                {"n": self.n, "dim": self.dim, "block": ENCODE_BLOCK, "done": sorted(self.done)}))

@@ -302,6 +302,14 @@ class ArtifactCache:
                 "paths.cache (or RAGRIG_CACHE) must be a writable directory with free space"
             ) from None
 
+    def partial(self, kind: str, key: str) -> Path:
+        """A directory where a build of `kind/key` may keep finished parts across attempts (a
+        killed process's staging directory is removed; this one is not). Removed once the artifact
+        is published; never read as the artifact."""
+        path = self.root / kind / f".partial-{key}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def available(self, kind: str, key: str) -> bool:
         """Whether `kind/key` would be read, not built: in the cache, or intact in the seed."""
         return self.lookup(kind, key) is not None or self._seeded(kind, key) is not None
@@ -363,6 +371,7 @@ class ArtifactCache:
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
                 _fsync_dir_files(tmp)
                 os.replace(tmp, final)
+                shutil.rmtree(self.root / kind / f".partial-{key}", ignore_errors=True)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise

@@ -1,5 +1,6 @@
 """Crash safety for real: a run killed with SIGKILL while embedding, and again while building the
-index, leaves nothing a later run would trust; the rerun's results equal an uninterrupted run's."""
+index, leaves nothing a later run would trust; the rerun's results equal an uninterrupted run's,
+and an embedding killed after some of its blocks resumes from them."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,11 +47,15 @@ def command(files: dict[str, Path], cache: Path, out: Path) -> list[str]:
     ]
 
 
-def kill_when(proc: subprocess.Popen, pattern: Path, timeout: float = 240.0) -> None:
-    """SIGKILL `proc` as soon as a build directory matching `pattern` appears."""
+def kill_when(proc: subprocess.Popen, pattern: Path, timeout: float = 240.0, within: int = 1,
+              until: Callable[[Path], bool] | None = None) -> None:
+    """SIGKILL `proc` as soon as a path matching `pattern` appears (its last `within` parts are a
+    glob under the rest), and `until` holds for it when given."""
     deadline = time.monotonic() + timeout
+    base, glob = Path(*pattern.parts[:-within]), "/".join(pattern.parts[-within:])
     while time.monotonic() < deadline:
-        if list(pattern.parent.glob(pattern.name)):
+        found = list(base.glob(glob))
+        if found and (until is None or _holds(until, found[0])):
             time.sleep(0.5)  # let it write part of the payload
             proc.send_signal(signal.SIGKILL)
             proc.wait(30)
@@ -59,6 +65,13 @@ def kill_when(proc: subprocess.Popen, pattern: Path, timeout: float = 240.0) -> 
         time.sleep(0.05)
     proc.kill()
     pytest.fail(f"{pattern} never appeared")
+
+
+def _holds(until: Callable[[Path], bool], path: Path) -> bool:
+    try:
+        return until(path)
+    except (OSError, ValueError):  # replaced while read
+        return False
 
 
 def results(out: Path) -> tuple[dict, list]:
@@ -92,3 +105,27 @@ def test_killed_runs_leave_nothing_wrong_behind(corpus_files):
     assert results(out) == results(root / "ref")
     for kind in ("vectors", "index"):
         assert not list((cache / kind).glob("tmp-*")), f"stale {kind} build directories were removed"
+
+
+def test_an_embedding_killed_after_some_blocks_resumes_from_them(corpus_files):
+    """Blocks of 32 chunks (RAGRIG_TEST_ENCODE_BLOCK) over a few hundred chunks: the run is killed
+    once three blocks are recorded in the vectors' partial directory; the rerun encodes only the rest
+    (its manifest counts the blocks it read), removes the partial directory, and retrieves exactly
+    what an uninterrupted run does."""
+    root = corpus_files["root"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAGRIG_TEST_ENCODE_BLOCK": "32"}
+    reference = subprocess.run(command(corpus_files, root / "cache-ref-blocks", root / "ref-blocks"), env=env,
+                               capture_output=True, text=True, timeout=600)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    cache, out = root / "cache-blocks", root / "out-blocks"
+    proc = subprocess.Popen(command(corpus_files, cache, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_when(proc, cache / "vectors" / ".partial-*" / "blocks.json", within=2, until=lambda f: len(
+        json.loads(f.read_text() or "{}").get("done", [])) >= 3)
+    record = json.loads(next((cache / "vectors").glob(".partial-*/blocks.json")).read_text())
+    assert len(record["done"]) >= 3
+    done = subprocess.run(command(corpus_files, cache, out), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads(next((cache / "vectors").glob("*/manifest.json")).read_text())
+    assert manifest["resumed_blocks"] >= 3 and manifest["unique"] > 32 * manifest["resumed_blocks"]
+    assert not list((cache / "vectors").glob(".partial-*")), "published: the finished parts are gone"
+    assert results(out) == results(root / "ref-blocks")

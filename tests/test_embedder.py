@@ -1,4 +1,6 @@
 """The embedder: packaged default, normalization, clear errors, out-of-memory back-off."""
+import json
+
 import numpy as np
 import pytest
 
@@ -101,3 +103,85 @@ def test_batches_are_formed_by_token_count_longest_first(tmp_path):
     assert sorted(r for b in batches for r in b) == list(range(6))
     per_batch = [counts[b] for b in batches]
     assert all(min(a) >= max(b) for a, b in zip(per_batch, per_batch[1:])), per_batch
+
+
+class DiesAfter:
+    """An embedder stand-in (dim 4, vector = the text's number) whose encode_blocks raises after
+    `blocks` blocks, as a killed or crashing build stops mid-stage; it counts the texts it encoded."""
+
+    def __init__(self, blocks: int | None):
+        self.blocks, self.encoded, self.dim, self.id = blocks, 0, 4, {"model": "stand-in"}
+
+    def encode_blocks(self, texts, block):
+        for i, start in enumerate(range(0, len(texts), block)):
+            if self.blocks is not None and i == self.blocks:
+                raise RuntimeError("killed")
+            part = texts[start : start + block]
+            self.encoded += len(part)
+            yield np.arange(start, start + len(part)), np.array([[float(t.split()[1])] * 4 for t in part], np.float32)
+
+
+def test_an_interrupted_embedding_resumes_from_its_finished_blocks(tmp_path, monkeypatch):
+    import rag.artifacts as artifacts
+
+    monkeypatch.setattr(artifacts, "ENCODE_BLOCK", 10)
+    texts = [f"text {i}" for i in range(35)] + ["text 3"]  # 35 unique texts: blocks of 10, 10, 10, 5
+    resume = tmp_path / "partial"
+    resume.mkdir()
+    dying = DiesAfter(blocks=2)
+    with pytest.raises(RuntimeError, match="killed"):
+        artifacts.encode_to_npy(dying, texts, tmp_path / "a.npy", resume=resume)
+    assert json.loads((resume / "blocks.json").read_text())["done"] == [0, 1]
+    again = DiesAfter(blocks=None)
+    info = artifacts.encode_to_npy(again, texts, tmp_path / "b.npy", resume=resume)
+    assert again.encoded == 15 and info["resumed_blocks"] == 2, "only the two unfinished blocks are encoded"
+    whole = DiesAfter(blocks=None)
+    artifacts.encode_to_npy(whole, texts, tmp_path / "c.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "b.npy"), np.load(tmp_path / "c.npy"))
+    assert whole.encoded == 35 and np.load(tmp_path / "b.npy")[35, 0] == 3.0
+
+
+def test_with_no_repeated_text_the_resumable_file_is_moved_into_the_artifact(tmp_path):
+    import rag.artifacts as artifacts
+
+    resume = tmp_path / "partial"
+    resume.mkdir()
+    artifacts.encode_to_npy(DiesAfter(blocks=None), [f"text {i}" for i in range(7)], tmp_path / "v.npy", resume=resume)
+    assert not (resume / "unique.npy").exists() and np.load(tmp_path / "v.npy")[6, 0] == 6.0
+
+
+def test_a_partial_file_of_another_shape_or_block_size_is_encoded_anew(tmp_path, monkeypatch):
+    import rag.artifacts as artifacts
+
+    monkeypatch.setattr(artifacts, "ENCODE_BLOCK", 10)
+    resume = tmp_path / "partial"
+    resume.mkdir()
+    texts = [f"text {i}" for i in range(20)]
+    with pytest.raises(RuntimeError):
+        artifacts.encode_to_npy(DiesAfter(blocks=1), texts, tmp_path / "v.npy", resume=resume)
+    monkeypatch.setattr(artifacts, "ENCODE_BLOCK", 5)  # the saved blocks no longer mean the same rows
+    e = DiesAfter(blocks=None)
+    info = artifacts.encode_to_npy(e, texts, tmp_path / "v.npy", resume=resume)
+    assert e.encoded == 20 and info["resumed_blocks"] == 0
+    (resume / "blocks.json").write_text("not json")
+    np.lib.format.open_memmap(resume / "unique.npy", mode="w+", dtype=np.float32, shape=(20, 4))
+    e = DiesAfter(blocks=None)
+    assert artifacts.encode_to_npy(e, texts, tmp_path / "w.npy", resume=resume)["resumed_blocks"] == 0
+    assert e.encoded == 20 and np.load(tmp_path / "w.npy")[13, 0] == 13.0
+
+
+def test_the_cache_keeps_a_partial_directory_until_the_artifact_is_published(tmp_path):
+    from rag.cache import ArtifactCache
+
+    cache = ArtifactCache(tmp_path)
+    part = cache.partial("vectors", "k1")
+    (part / "unique.npy").write_bytes(b"x")
+
+    def fail(tmp):
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        cache.get_or_build("vectors", "k1", fail)
+    assert (part / "unique.npy").exists(), "a failed build keeps the finished parts"
+    cache.get_or_build("vectors", "k1", lambda tmp: {"n": (tmp / "vectors.npy").write_bytes(b"v")})
+    assert not part.exists() and cache.lookup("vectors", "k1") is not None
