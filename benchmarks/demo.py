@@ -47,8 +47,7 @@ def bench_demo(quick: bool = True, full: bool = False, tiny: bool = False, overr
             shutil.rmtree(sweep_dir, ignore_errors=True)
             if side != "warm":
                 shutil.rmtree(cache, ignore_errors=True)  # each cold side starts from an empty cache
-            extra = ["paths.seed=null"] if side == "cold_unseeded" else []
-            res = run_process(args, sweep_dir, cache, [*overrides, *extra], multirun=True)
+            res = run_process(args, sweep_dir, cache, overrides, multirun=True, seed=side != "cold_unseeded")
             jobs = _jobs(sweep_dir)
             out[f"demo_{side}_s"] = res["wall_s"]
             out[f"{side}_stages_s"] = {v: j.timings_s for v, j in jobs.items()}

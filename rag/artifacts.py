@@ -398,6 +398,9 @@ class BlockLog:
     def _rows(self, b: int) -> slice:
         return slice(b * ENCODE_BLOCK, min(self.n, (b + 1) * ENCODE_BLOCK))
 
+    def _size(self, b: int) -> int:
+        return self._rows(b).stop - self._rows(b).start
+
     def open(self, file: Path) -> np.ndarray:
         """The unique vectors' memory map: an interrupted build's file with its finished blocks when
         it matches (same rows, dimension and block size), else a new one."""
@@ -410,7 +413,7 @@ class BlockLog:
                         (shape, np.float32, self.n, self.dim, ENCODE_BLOCK):
                     self.done = {int(b) for b in record["done"] if 0 <= int(b) < len(self.count)}
                     for b in self.done:
-                        self.count[b] = self._rows(b).stop - self._rows(b).start
+                        self.count[b] = self._size(b)
                     self.restored = len(self.done)
                     if self.restored:
                         log.info("embedding resumes: %d of %d blocks were encoded by an earlier, interrupted build",
@@ -433,7 +436,7 @@ class BlockLog:
         finished = False
         for b, c in zip(blocks.tolist(), counts.tolist()):
             self.count[b] += c
-            if self.count[b] == self._rows(b).stop - self._rows(b).start:
+            if self.count[b] == self._size(b):
                 self.done.add(b)
                 finished = True
         if finished:

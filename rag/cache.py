@@ -306,9 +306,12 @@ class ArtifactCache:
         """A directory where a build of `kind/key` may keep finished parts across attempts (a
         killed process's staging directory is removed; this one is not). Removed once the artifact
         is published; never read as the artifact."""
-        path = self.root / kind / f".partial-{key}"
+        path = self._partial_path(kind, key)
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def _partial_path(self, kind: str, key: str) -> Path:
+        return self.root / kind / f".partial-{key}"
 
     def available(self, kind: str, key: str) -> bool:
         """Whether `kind/key` would be read, not built: in the cache, or intact in the seed."""
@@ -371,7 +374,7 @@ class ArtifactCache:
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
                 _fsync_dir_files(tmp)
                 os.replace(tmp, final)
-                shutil.rmtree(self.root / kind / f".partial-{key}", ignore_errors=True)
+                shutil.rmtree(self._partial_path(kind, key), ignore_errors=True)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
@@ -379,30 +382,17 @@ class ArtifactCache:
 
     # -- records: small JSON results cached one by one (an answer, a judgement) ---------------
 
-    def record_path(self, kind: str, key: str) -> Path:
-        return self.root / kind / key[:2] / f"{key}.json"
+    def record_path(self, kind: str, key: str, root: Path | None = None) -> Path:
+        return (root or self.root) / kind / key[:2] / f"{key}.json"
 
     def get_record(self, kind: str, key: str) -> dict[str, Any] | None:
         """A record written by `put_record`, or None. A record is one small JSON file written
         atomically, so it is whole or absent; one that does not parse (a disk fault, a hand edit)
-        is treated as absent and will be rewritten."""
-        path = self.record_path(kind, key)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (FileNotFoundError, NotADirectoryError):
-            if self.seed is None:
-                return None
-            path = self.seed / kind / key[:2] / f"{key}.json"  # the seed's record, read where it lies
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (FileNotFoundError, NotADirectoryError):
-                return None
-            except (ValueError, UnicodeDecodeError):
-                log.warning("cache: seed record %s is unreadable; ignoring it", path)
-                return None
-        except (ValueError, UnicodeDecodeError):
-            log.warning("cache: record %s is unreadable; ignoring it", path)
-            return None
+        is treated as absent and will be rewritten. A record this cache lacks is read from the
+        seed, where it lies."""
+        exists, data = _read_json(self.record_path(kind, key), "record")
+        if not exists and self.seed is not None:
+            exists, data = _read_json(self.record_path(kind, key, self.seed), "seed record")
         return data if isinstance(data, dict) and data.get("key") == key else None
 
     def put_record(self, kind: str, key: str, record: Mapping[str, Any]) -> None:
@@ -421,6 +411,17 @@ class ArtifactCache:
                 continue
             if pid != os.getpid() and not _pid_alive(pid):
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def _read_json(path: Path, what: str) -> tuple[bool, Any]:
+    """(whether the file exists, its JSON or None when it does not parse)."""
+    try:
+        return True, json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):
+        return False, None
+    except (ValueError, UnicodeDecodeError):
+        log.warning("cache: %s %s is unreadable; ignoring it", what, path)
+        return True, None
 
 
 def check_cache_root(root: Path, setting: str = "paths.cache or RAGRIG_CACHE") -> None:
