@@ -16,7 +16,8 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,9 @@ from tqdm.auto import tqdm
 
 from rag.bm25 import BM25Index
 from rag.cache import ArtifactCache, atomic_write_text, make_key
+from rag.chunk_store import ChunkStore, ChunkWriter, DocumentStore
 from rag.corpus.slicing import check_unique_ids, content_fingerprint
-from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
+from rag.embedder.sentence_transformer import RowSink, SentenceTransformerEmbedder
 from rag.index import VectorIndex
 from rag.llm import NoGenerator
 from rag.llm.answer_cache import generate_resumable, prompt_inputs, usage_totals
@@ -35,48 +37,84 @@ from rag.types import Chunk, Context, Document, QAItem, RagError
 
 log = logging.getLogger(__name__)
 
-DOCS_FILE = "docs.jsonl"
-CHUNKS_FILE = "chunks.jsonl"
+DOCS_FILE = "docs.jsonl"  # the corpus's format before rag/chunk_store.py; still read
+CHUNKS_FILE = "chunks.jsonl"  # the chunks' format before rag/chunk_store.py; still read
+# Chunking records its progress every SHARD_DOCS documents (ChunkWriter.checkpoint): what a killed
+# build resumes from. RAGRIG_TEST_CHUNK_SHARD: smaller shards, for the crash tests only.
+SHARD_DOCS = int(os.environ.get("RAGRIG_TEST_CHUNK_SHARD", "10000"))
 VECTORS_FILE = "vectors.npy"
 ANSWERS_FILE = "answers.json"
 # Encoding in blocks bounds the memory of one step, shows progress on large corpora, and is what an
 # interrupted embedding resumes from (encode_to_npy). RAGRIG_TEST_ENCODE_BLOCK: smaller blocks, for
 # the crash tests only (a few hundred chunks then span several blocks).
-ENCODE_BLOCK = int(os.environ.get("RAGRIG_TEST_ENCODE_BLOCK", 8192))
+ENCODE_BLOCK = int(os.environ.get("RAGRIG_TEST_ENCODE_BLOCK", "8192"))
 
 
 @dataclass
 class ChunkSet:
+    """The run's chunks by row: a `ChunkStore` read from the cache (rag/chunk_store.py), or a list
+    of `Chunk` records (tests, callers that chunk for themselves, caches written before the store)."""
+
     key: str
-    chunks: list[Chunk]
+    chunks: Sequence[Chunk]
     # chunker.contextualize (rag/chunker/contextualize.py): per chunk, a line indexed before its text
     prefixes: list[str] | None = None
     context: str = "none"
-    sources: np.ndarray = field(init=False)  # chunk row -> source tag, for metadata filters
 
     def __post_init__(self) -> None:
-        self.sources = np.array([c.source for c in self.chunks], dtype=object)
+        if isinstance(self.chunks, ChunkStore):
+            self._source_names, self._codes = self.chunks.source_names, self.chunks.source_codes()
+        else:
+            self._source_names = sorted({c.source for c in self.chunks})
+            code = {s: i for i, s in enumerate(self._source_names)}
+            self._codes = np.fromiter((code[c.source] for c in self.chunks), np.uint16, len(self.chunks))
         self._positions: dict[tuple[str, int], int] | None = None
         self._rows_by_sources: dict[frozenset[str], np.ndarray] = {}
 
     @property
+    def sources(self) -> np.ndarray:
+        """Chunk row -> source tag (an object array), for metadata filters and routing."""
+        return np.array(self._source_names, dtype=object)[self._codes]
+
+    @property
     def texts(self) -> list[str]:
         """The chunks' own texts: what contexts, passages and metrics read."""
+        if isinstance(self.chunks, ChunkStore):
+            return self.chunks.texts()
         return [c.text for c in self.chunks]
 
     @property
     def indexed_texts(self) -> list[str]:
         """What the pipeline's embedder and BM25 index: the texts, after their prefixes if any."""
-        if self.prefixes is None:
-            return self.texts
-        return [f"{p}\n{c.text}" for p, c in zip(self.prefixes, self.chunks)]
+        return [t for batch in self.indexed_batches() for t in batch]
+
+    def indexed_batches(self, size: int = 50_000) -> Iterator[list[str]]:
+        """`indexed_texts` in batches of `size` rows, read from the store as they are needed (what
+        a build that must not hold every text at once consumes)."""
+        for start in range(0, len(self), size):
+            stop = min(len(self), start + size)
+            if isinstance(self.chunks, ChunkStore):
+                texts = self.chunks.texts(start, stop)
+            else:
+                texts = [c.text for c in self.chunks[start:stop]]
+            if self.prefixes is not None:
+                texts = [f"{p}\n{t}" for p, t in zip(self.prefixes[start:stop], texts)]
+            yield texts
+
+    def id_batches(self, size: int = 50_000) -> Iterator[list[str]]:
+        """The chunk ids (doc_id#position) in batches of `size` rows."""
+        for start in range(0, len(self), size):
+            if isinstance(self.chunks, ChunkStore):
+                yield self.chunks.ids(start, start + size)
+            else:
+                yield [c.id for c in self.chunks[start : start + size]]
 
     def indexed_key(self) -> dict[str, str]:
         """What an index over `indexed_texts` is keyed by (the chunks' key alone without prefixes,
         so those keys are unchanged by the setting's existence)."""
         return {"chunks": self.key} if self.prefixes is None else {"chunks": self.key, "context": self.context}
 
-    def contextualized(self, mode: str, prefixes: list[str] | None) -> "ChunkSet":
+    def contextualized(self, mode: str, prefixes: list[str] | None) -> ChunkSet:
         """The same chunks indexed with `prefixes` (a new set: the plain one is shared in memory
         by the jobs of a sweep)."""
         if prefixes is None:
@@ -91,13 +129,27 @@ class ChunkSet:
             self._positions = {(c.doc_id, c.position): i for i, c in enumerate(self.chunks)}
         return self._positions.get((doc_id, position))
 
+    def neighbour(self, row: int, position: int) -> int | None:
+        """Row of the chunk at `position` in the document of chunk `row` (None past either end).
+        A document's chunks are written in order, one after another, so the row is found by
+        arithmetic and checked, with no table of every chunk (rows_of at 10M chunks: ~2 GB)."""
+        if isinstance(self.chunks, ChunkStore):
+            store = self.chunks
+            guess = row + position - int(store.cols["position"][row])
+            if 0 <= guess < len(store) and int(store.cols["position"][guess]) == position \
+                    and store.doc_id(guess) == store.doc_id(row):
+                return guess
+            return None
+        return self.row_of(self.chunks[row].doc_id, position)
+
     def rows_of_sources(self, sources: frozenset[str]) -> np.ndarray:
         """Rows whose source is in `sources`; the same (read-only) array for the same filter, so
         that it is computed once per filter, not once per question (13 ms at 1M chunks), and
         the indexes can reuse what they derive from it."""
         rows = self._rows_by_sources.get(sources)
         if rows is None:
-            rows = np.flatnonzero(np.isin(self.sources, list(sources))).astype(np.int64)
+            codes = [i for i, s in enumerate(self._source_names) if s in sources]
+            rows = np.flatnonzero(np.isin(self._codes, codes)).astype(np.int64)
             rows.flags.writeable = False
             self._rows_by_sources[sources] = rows
         return rows
@@ -150,9 +202,15 @@ class Artifacts:
 
     # -- chunks --------------------------------------------------------------------------------
 
-    def chunks(self, chunker: Any, chunker_cfg: dict[str, Any], docs: list[Document]) -> ChunkSet:
-        """The chunks of `docs`, keyed by the chunker's settings and the documents' content."""
-        corpus_fp = content_fingerprint(docs)
+    def chunks(self, chunker: Any, chunker_cfg: dict[str, Any], docs: Iterable[Document],
+               corpus_fp: str | None = None) -> ChunkSet:
+        """The chunks of `docs`, keyed by the chunker's settings and the documents' content.
+
+        `docs` may be a stream (a generator over a corpus too large to hold) when `corpus_fp`, the
+        fingerprint of its content, is given; it is then read once, on a miss. The chunks are
+        written to the store shard by shard (SHARD_DOCS documents), so a build killed part-way
+        resumes from its last finished shard: the documents before it are skipped unchunked."""
+        corpus_fp = corpus_fp or content_fingerprint(docs)
         key = make_key("chunks", chunker_cfg, {"corpus": corpus_fp})
         known = self.cache.memory.get("chunks", key)
         if known is not None and self.cache.lookup("chunks", key) is not None:
@@ -161,19 +219,30 @@ class Artifacts:
             return known
 
         def build(tmp: Path) -> dict[str, Any]:
-            n = 0
-            with open(tmp / CHUNKS_FILE, "w", encoding="utf-8") as f:
-                for doc in tqdm(docs, desc="chunking", unit="doc", mininterval=2.0, leave=False):
-                    for c in chunker.split(doc):
-                        f.write(json.dumps(c.to_json(), ensure_ascii=False) + "\n")
-                        n += 1
-            if n == 0:
+            writer = ChunkWriter(self.cache.partial("chunks", key))
+            resumed, n_docs = writer.docs_done, 0
+            if resumed:
+                log.info("chunking resumes after document %d (%d chunks stored by an interrupted build)", resumed, writer.n)
+            for n_docs, doc in enumerate(tqdm(docs, desc="chunking", unit="doc", mininterval=2.0, leave=False), 1):
+                if n_docs <= resumed:
+                    continue
+                for c in chunker.split(doc):
+                    writer.add(c)
+                if n_docs % SHARD_DOCS == 0:
+                    writer.checkpoint(n_docs)
+            if n_docs < resumed:
+                raise RagError(f"chunking: the corpus has {n_docs} documents, but an interrupted build of the same "
+                               f"key had stored {resumed}; delete {self.cache.partial('chunks', key)}")
+            if writer.n == 0:
                 raise RagError("chunker produced no chunks: every document is empty")
-            return {"n_chunks": n}
+            return {**writer.finish(n_docs, tmp), "resumed_docs": resumed}
 
         art = self.cache.get_or_build("chunks", key, build, inputs={"chunker": chunker_cfg, "corpus": corpus_fp})
-        with open(art.file(CHUNKS_FILE), encoding="utf-8") as f:
-            chunks = [Chunk.from_json(json.loads(line)) for line in f]
+        if art.file(CHUNKS_FILE).exists():  # written before the store (a cache from an earlier version)
+            with open(art.file(CHUNKS_FILE), encoding="utf-8") as f:
+                chunks: Sequence[Chunk] = [Chunk.from_json(json.loads(line)) for line in f]
+        else:
+            chunks = ChunkStore(art.path)
         self.chunk_set = self.cache.memory.put("chunks", key, ChunkSet(key, chunks))
         self._note("chunks", key, art.hit)
         return self.chunk_set
@@ -191,14 +260,17 @@ class Artifacts:
     def vectors(self, embedder: SentenceTransformerEmbedder, indexed: bool = True) -> np.ndarray:
         """float32 [n_chunks, dim], memory-mapped from the cache."""
         key = self.vectors_key(embedder, indexed)
-        texts = self.chunk_set.indexed_texts if indexed else self.chunk_set.texts
         inputs = self._texts_key(indexed)
 
         def build(tmp: Path) -> dict:
-            if hasattr(embedder, "vectors_for"):  # embedder=precomputed: vectors by chunk id, nothing encoded
-                vecs = embedder.vectors_for([c.id for c in self.chunk_set.chunks])
-                np.save(tmp / VECTORS_FILE, vecs)
-                return {"n": len(vecs), "dim": int(vecs.shape[1]), "embedder": json.loads(json.dumps(embedder.id))}
+            if hasattr(embedder, "write_vectors"):  # embedder=precomputed: vectors by chunk id, nothing encoded
+                out = np.lib.format.open_memmap(tmp / VECTORS_FILE, mode="w+", dtype=np.float32,
+                                                shape=(len(self.chunk_set), embedder.dim))
+                stats = embedder.write_vectors(self.chunk_set.id_batches(ENCODE_BLOCK * 8), out)
+                out.flush()
+                del out
+                return {**stats, "embedder": json.loads(json.dumps(embedder.id))}
+            texts = self.chunk_set.indexed_texts if indexed else self.chunk_set.texts
             return encode_to_npy(embedder, texts, tmp / VECTORS_FILE, resume=self.cache.partial("vectors", key))
 
         with self.timer.stage("embed"):
@@ -238,9 +310,10 @@ class Artifacts:
                 return bm25, key
 
             def build(tmp: Path) -> dict:
-                bm25.build(self.chunk_set.indexed_texts)
-                bm25.save(tmp)
-                return {"n_docs": bm25.n_docs}
+                # Streamed from the chunk store in batches, in bounded memory, into the files
+                # bm25s saves (the same arrays to the bit); resumable from the partial directory.
+                bm25.build_stream(self.chunk_set.indexed_batches(), tmp, work=self.cache.partial("bm25", key))
+                return dict(bm25.built)
 
             art = self.cache.get_or_build("bm25", key, build, inputs=bm25.params)
             if art.hit or bm25.mmap:  # mmap: the built arrays give way to the saved files, mapped
@@ -303,10 +376,13 @@ def answers_key(generator: Any, queries: list[str], contexts: list[list[Context]
     return make_key("answers", generator.id, {"inputs": h.hexdigest()})
 
 
-def load_corpus(corpus: Any, cache: ArtifactCache) -> tuple[list[Document], list[str]]:
+def load_corpus(corpus: Any, cache: ArtifactCache) -> tuple[Sequence[Document], list[str]]:
     """(documents, skipped inputs). Rendering man pages or walking torch's docstrings takes tens
-    of seconds, so every corpus (each part of a mixed corpus on its own) is cached as docs.jsonl
-    under the key of its `fingerprint()`."""
+    of seconds, so every corpus (each part of a mixed corpus on its own) is cached under the key
+    of its `fingerprint()`. The documents are streamed from the reader into a store read by row
+    (rag/chunk_store.py), never held whole: a corpus of millions of abstracts is returned as a
+    `DocumentStore`. The store records its progress every SHARD_DOCS documents, so a read killed
+    part-way goes on from there (the documents before it are parsed again, not stored again)."""
     parts = getattr(corpus, "parts", None)
     if parts:
         docs: list[Document] = []
@@ -322,17 +398,25 @@ def load_corpus(corpus: Any, cache: ArtifactCache) -> tuple[list[Document], list
     key = make_key("corpus", fingerprint)
 
     def build(tmp: Path) -> dict[str, Any]:
-        loaded = corpus.load()
-        with open(tmp / DOCS_FILE, "w", encoding="utf-8") as f:
-            for d in loaded:
-                f.write(json.dumps(d.to_json(), ensure_ascii=False) + "\n")
-        return {"n_docs": len(loaded), "skipped": list(getattr(corpus, "skipped", []) or [])}
+        writer = ChunkWriter(cache.partial("corpus", key))
+        resumed, n = writer.docs_done, 0
+        for n, doc in enumerate(corpus.iter_documents(), 1):
+            if n <= resumed:
+                continue
+            writer.add_document(doc)
+            if n % SHARD_DOCS == 0:
+                writer.checkpoint(n)
+        stored = writer.finish(n, tmp)
+        return {"n_docs": stored["n_docs"], "resumed_docs": resumed, "skipped": list(getattr(corpus, "skipped", []) or [])}
 
     art = cache.get_or_build("corpus", key, build, inputs=fingerprint)
-    with open(art.file(DOCS_FILE), encoding="utf-8") as f:
-        docs = [Document.from_json(json.loads(line)) for line in f]
-    log.info("corpus %s: %d documents (%s)", type(corpus).__name__, len(docs), "cached" if art.hit else "built")
-    return docs, list(art.manifest.get("skipped", []))
+    if art.file(DOCS_FILE).exists():  # written before the store (a cache from an earlier version)
+        with open(art.file(DOCS_FILE), encoding="utf-8") as f:
+            loaded: Sequence[Document] = [Document.from_json(json.loads(line)) for line in f]
+    else:
+        loaded = DocumentStore(art.path)
+    log.info("corpus %s: %d documents (%s)", type(corpus).__name__, len(loaded), "cached" if art.hit else "built")
+    return loaded, list(art.manifest.get("skipped", []))
 
 
 def encode_to_npy(embedder: SentenceTransformerEmbedder, texts: list[str], path: Path,
@@ -341,7 +425,10 @@ def encode_to_npy(embedder: SentenceTransformerEmbedder, texts: list[str], path:
     Identical texts (boilerplate repeated across documents) are encoded once.
 
     The embedder yields (rows, vectors) pairs from `encode_blocks`, in any order, so an engine
-    that encodes on several workers (rag.embedder.ray_data) writes the very same file.
+    that encodes on several workers (rag.embedder.ray_data) writes the very same file. An embedder
+    that `writes_rows` is handed the file itself (a RowSink): its workers write their vectors into
+    it, on every node of a cluster when the cache is on a shared filesystem, and the pairs they
+    yield are (rows, None): recorded as done here, never carried through this process.
 
     `resume`: a directory that outlives a failed or killed build (the cache's `partial` directory
     of this artifact). The unique texts' vectors are written into a file there, and blocks.json
@@ -363,11 +450,26 @@ def encode_to_npy(embedder: SentenceTransformerEmbedder, texts: list[str], path:
     out_u = blocks.open(uniq_path)
     todo = blocks.todo()  # rows still to encode: whole blocks, in order
     todo_texts = uniq_texts if len(todo) == len(uniq_texts) else [uniq_texts[i] for i in todo]
-    for rows, vecs in embedder.encode_blocks(todo_texts, ENCODE_BLOCK):
+    if getattr(embedder, "writes_rows", False) and len(todo):
+        out_u.flush()  # the header and the full size are in the file (open_memmap wrote them) before workers write
+        pairs = embedder.encode_blocks(todo_texts, ENCODE_BLOCK,
+                                       sink=RowSink(str(uniq_path.absolute()), int(out_u.offset), dim, todo))
+    else:
+        pairs = embedder.encode_blocks(todo_texts, ENCODE_BLOCK)
+    written_elsewhere = False
+    for rows, vecs in pairs:
         where = todo[rows]
-        out_u[where] = vecs
+        if vecs is None:
+            written_elsewhere = True  # by the embedder's workers, into the file
+        else:
+            out_u[where] = vecs
         blocks.filled(where, out_u)
     out_u.flush()
+    if written_elsewhere:
+        # A fresh map: this one may hold pages of the file from before the workers wrote (a shared
+        # filesystem revalidates what it cached when the file is opened again).
+        del out_u
+        out_u = np.lib.format.open_memmap(uniq_path, mode="r")
     if not all_unique:
         out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(texts), dim))
         for i in range(0, len(texts), ENCODE_BLOCK):
@@ -424,6 +526,19 @@ class BlockLog:
                 pass  # unreadable or another shape: encoded anew
         self._record()
         return np.lib.format.open_memmap(file, mode="w+", dtype=np.float32, shape=shape)
+
+    @staticmethod
+    def recorded(directory: Path | None, n: int) -> set[int]:
+        """The blocks an interrupted build of `n` unique texts recorded in `directory` (what a
+        rerun will not encode again; the dry run counts the rest). The dimension is not checked:
+        it is known only once the model answers."""
+        try:
+            record = json.loads((directory / "blocks.json").read_text())
+            if (record["n"], record["block"]) == (n, ENCODE_BLOCK) and (directory / "unique.npy").is_file():
+                return {int(b) for b in record["done"] if 0 <= int(b) < -(-n // ENCODE_BLOCK)}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return set()
 
     def todo(self) -> np.ndarray:
         rows = [np.arange(self._rows(b).start, self._rows(b).stop) for b in range(len(self.count)) if b not in self.done]

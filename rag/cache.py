@@ -310,6 +310,12 @@ class ArtifactCache:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def pending(self, kind: str, key: str) -> Path | None:
+        """The `partial` directory of an interrupted build of `kind/key`, if one exists (never
+        created: what a dry run reads)."""
+        path = self._partial_path(kind, key)
+        return path if path.is_dir() else None
+
     def _partial_path(self, kind: str, key: str) -> Path:
         return self.root / kind / f".partial-{key}"
 

@@ -73,7 +73,7 @@ class ContextBuilder:
                 for doc_id, members in groups.items():
                     for r in retrieved[doc_id]:
                         for pos in (chunks[r].position - distance, chunks[r].position + distance):
-                            n = chunk_set.row_of(doc_id, pos)
+                            n = chunk_set.neighbour(r, pos)
                             if n is None or n in members:
                                 continue
                             added = max(0, len(chunks[n].text))

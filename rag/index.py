@@ -18,6 +18,7 @@ import faiss
 import numpy as np
 
 from rag.types import Hits, RagError
+from rag.vector_rows import read_rows, take_rows
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,16 @@ INDEX_FILE = "index.faiss"
 # ms on two threads vs 6-7 ms on one, and 99 vs 79 ms at 1M (docs/bench.md). Retrieval asks one
 # question at a time (rag.query.retrieve_rerank), so this is the latency every run reports.
 FEW_QUERIES = 8
+# FAISS trains on one in-memory array, so training reads a sample of at most this many bytes
+# (~1.4M rows at 384-d) unless the index asks for more (see _max_train): at 10M chunks all the
+# rows would be 15 GB.
+MAX_TRAIN_BYTES = 2 << 30
+# Corpora up to this many rows always train on every row, in order, as before sampling existed.
+MIN_TRAIN_ROWS = 65536
+# FAISS's k-means uses at most this many points a centroid (ClusteringParameters
+# .max_points_per_centroid), subsampling the rest away: reading more rows only to be dropped.
+FAISS_POINTS_PER_CENTROID = 256
+TRAIN_SEED = 0
 
 
 @contextmanager
@@ -62,21 +73,26 @@ class VectorIndex:
     def _search_params(self, selector: Any) -> Any:
         return faiss.SearchParameters(sel=selector)
 
-    def build(self, vectors: np.ndarray, batch_size: int = 65536) -> "VectorIndex":
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if vectors.ndim != 2 or vectors.shape[0] == 0:
-            raise RagError(f"index: need a non-empty 2-d array of vectors, got shape {vectors.shape}")
-        self.index = self._new(vectors.shape[1], vectors.shape[0])
+    def build(self, vectors: np.ndarray, batch_size: int = 65536) -> VectorIndex:
+        """`vectors` may be the cache's memory-mapped file: rows are read from it in batches (and
+        a training sample), never mapped whole into this process."""
+        if not isinstance(vectors, np.ndarray):
+            vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[0] == 0 or vectors.dtype.kind not in "fiu":
+            raise RagError(f"index: need a non-empty 2-d array of vectors, got shape {vectors.shape} "
+                           f"of {vectors.dtype}")
+        n, dim = vectors.shape
+        self.index = self._new(dim, n)
         self._selector_cache = None
         if not self.index.is_trained:
-            self.index.train(vectors)
+            self.index.train(self._training_rows(vectors))
         # Adding in bounded batches keeps the temporary copies FAISS makes small, and lets a long
         # build (HNSW: ~7.5 min for 1M vectors on 2 cores) report its progress. It is not made
         # resumable: at that length a rerun is cheaper than checkpointing a graph FAISS can only
         # write whole, and the cache never publishes a half-built index.
-        n, t0 = len(vectors), time.perf_counter()
+        t0 = time.perf_counter()
         for i in range(0, n, batch_size):
-            self.index.add(vectors[i : i + batch_size])
+            self.index.add(read_rows(vectors, i, i + batch_size))
             done = min(n, i + batch_size)
             if n > batch_size:
                 elapsed = time.perf_counter() - t0
@@ -85,6 +101,21 @@ class VectorIndex:
         self._after_build()
         self.use_vectors(vectors)
         return self
+
+    def _max_train(self, n: int, dim: int) -> int:
+        """The most rows training reads. Here: what fits in MAX_TRAIN_BYTES (an 8-bit scalar
+        quantizer, HNSWSQ8Index's, learns each dimension's range from every row it is given)."""
+        return max(MIN_TRAIN_ROWS, MAX_TRAIN_BYTES // (4 * dim))
+
+    def _training_rows(self, vectors: np.ndarray) -> np.ndarray:
+        n, dim = vectors.shape
+        limit = self._max_train(n, dim)
+        if n <= limit:
+            return read_rows(vectors, 0, n)
+        # Sorted, so the file is read front to back; seeded, so a rebuild trains the same index.
+        rows = np.sort(np.random.default_rng(TRAIN_SEED).choice(n, limit, replace=False))
+        log.info("index %s: training on a sample of %d of the %d vectors", type(self).__name__, limit, n)
+        return take_rows(vectors, rows)
 
     def _after_build(self) -> None:
         pass
@@ -134,7 +165,7 @@ class VectorIndex:
     def save(self, directory: Path) -> None:
         faiss.write_index(self.index, str(Path(directory) / INDEX_FILE))
 
-    def load(self, directory: Path) -> "VectorIndex":
+    def load(self, directory: Path) -> VectorIndex:
         self.index = faiss.read_index(str(Path(directory) / INDEX_FILE))
         self._selector_cache = None
         self._after_build()
@@ -202,20 +233,42 @@ class IVFIndex(VectorIndex):
     # FAISS warns below ~39 training points per centroid; fewer cells than that on a small corpus.
     MIN_POINTS_PER_CELL = 39
 
-    def __init__(self, nlist: int = 1024, nprobe: int = 16, metric: str = "l2"):
+    def __init__(self, nlist: int = 1024, nprobe: int = 16, metric: str = "l2", max_train: int | None = None):
+        """`max_train`: the most rows k-means (and the codes' quantizer) trains on; None (the
+        default) reads as many as FAISS would use, see _max_train."""
         super().__init__()
         if int(nlist) <= 0 or int(nprobe) <= 0:
             raise RagError(f"index.nlist and index.nprobe must be positive, got nlist={nlist} nprobe={nprobe}")
-        self.nlist, self.nprobe = int(nlist), int(nprobe)
+        if max_train is not None and (isinstance(max_train, bool) or not isinstance(max_train, int) or max_train < 1):
+            raise RagError(f"index.max_train must be a positive integer or null, got {max_train!r}")
+        self.nlist, self.nprobe, self.max_train = int(nlist), int(nprobe), max_train
         _metric(metric)
         self.metric = metric
 
     @property
     def params(self) -> dict[str, Any]:
-        return {**super().params, "nlist": self.nlist}
+        # Another sample trains other cells; the default stays out so that earlier keys still hold.
+        extra = {} if self.max_train is None else {"max_train": self.max_train}
+        return {**super().params, "nlist": self.nlist, **extra}
 
     def effective_nlist(self, n: int) -> int:
         return max(1, min(self.nlist, n // self.MIN_POINTS_PER_CELL))
+
+    def _centroids(self, n: int) -> int:
+        """Centroids of the largest k-means training runs: here the coarse quantizer's cells."""
+        return self.effective_nlist(n)
+
+    def _max_train(self, n: int, dim: int) -> int:
+        k = self._centroids(n)
+        if self.max_train is not None:
+            if n > self.max_train and self.max_train < k * self.MIN_POINTS_PER_CELL:
+                raise RagError(f"index.max_train ({self.max_train}) must be at least {k * self.MIN_POINTS_PER_CELL} "
+                               f"({self.MIN_POINTS_PER_CELL} rows for each of {k} centroids)")
+            return self.max_train
+        # What FAISS's k-means would keep of all the rows, within MAX_TRAIN_BYTES, but never
+        # below what FAISS needs to train without a warning.
+        faiss_keeps = FAISS_POINTS_PER_CENTROID * k
+        return max(MIN_TRAIN_ROWS, k * self.MIN_POINTS_PER_CELL, min(faiss_keeps, super()._max_train(n, dim)))
 
     def _cells(self, dim: int, n: int) -> tuple[Any, int]:
         """The coarse quantizer and the number of cells the data supports."""
@@ -254,8 +307,8 @@ class IVFPQIndex(IVFIndex):
     are the same index with or without refine, so both share one cached artifact."""
 
     def __init__(self, nlist: int = 1024, m: int = 48, nbits: int = 8, nprobe: int = 16, refine: int = 0,
-                 metric: str = "l2"):
-        super().__init__(nlist=nlist, nprobe=nprobe, metric=metric)
+                 metric: str = "l2", max_train: int | None = None):
+        super().__init__(nlist=nlist, nprobe=nprobe, metric=metric, max_train=max_train)
         for name, v, lo in (("m", m, 1), ("nbits", nbits, 1), ("refine", refine, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise RagError(f"index.{name} must be an integer >= {lo}, got {v!r}")
@@ -274,6 +327,9 @@ class IVFPQIndex(IVFIndex):
     def effective_nbits(self, n: int) -> int:
         """Fewer bits when the data cannot train 2^nbits centroids per sub-quantizer."""
         return max(1, min(self.nbits, int(np.log2(max(2, n // self.MIN_POINTS_PER_CELL)))))
+
+    def _centroids(self, n: int) -> int:
+        return max(super()._centroids(n), 2 ** self.effective_nbits(n))  # or each sub-quantizer's
 
     def _new(self, dim: int, n: int) -> Any:
         if dim % self.m:
@@ -308,10 +364,10 @@ class IVFPQIndex(IVFIndex):
             cand = row[row >= 0]
             if not len(cand):
                 continue
-            order = np.argsort(cand, kind="stable")  # ascending rows: a sequential read of the mapping
-            exact = np.empty(len(cand), np.float32)
-            vecs = np.asarray(self._vectors[cand[order]], np.float32)
-            exact[order] = vecs @ query if self.metric == "ip" else -((vecs - query) ** 2).sum(axis=1)
+            # Read, not faulted in through the mapping: the kernel maps readahead around every
+            # faulted row, which kept 2.2 GB of the 1M vectors resident after 150 questions.
+            vecs = take_rows(self._vectors, cand)
+            exact = vecs @ query if self.metric == "ip" else -((vecs - query) ** 2).sum(axis=1)
             best = np.argsort(-exact, kind="stable")[:n]  # ties keep the codes' order
             ids[q, : len(best)], scores[q, : len(best)] = cand[best], exact[best]
         return Hits(ids, scores)

@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from rag.artifacts import answers_key
+import rag.artifacts as artifacts_mod
+from rag.artifacts import BlockLog, answers_key
 from rag.cache import atomic_write_text
 from rag.latency import sample_rows
 from rag.llm.answer_cache import RECORD_KIND, answer_keys
@@ -221,9 +222,15 @@ def plan_embed(session: Any, embedder: Any, queries: list[str], timed: list[int]
     if session.cache.available("vectors", key):
         plan.cached += 1
     else:
-        # as rag.artifacts.encode_to_npy sends them: a dimension probe, then each distinct text once
-        texts = list(dict.fromkeys(session.chunk_set.indexed_texts)) + ["dimension probe"]
+        # as rag.artifacts.encode_to_npy sends them: a dimension probe, then each distinct text
+        # once, but for the blocks an interrupted run recorded
+        unique = list(dict.fromkeys(session.chunk_set.indexed_texts))
+        done = BlockLog.recorded(session.cache.pending("vectors", key), len(unique))
+        texts = [t for i, t in enumerate(unique) if i // artifacts_mod.ENCODE_BLOCK not in done] + ["dimension probe"]
         plan.add(1 - (-(len(texts) - 1) // embedder.batch_size), len(texts), count_tokens(counter, texts), key=key)
+        if done:
+            plan.notes.append(f"{len(unique) - len(texts) + 1} chunk texts were encoded by an interrupted run "
+                              f"({len(done)} blocks) and are not asked again")
     asked = [embedder.query_prefix + q for q in queries]
     probe = [embedder.query_prefix + "warm-up"]
     again = [asked[i] for i in timed]

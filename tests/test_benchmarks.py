@@ -116,8 +116,12 @@ def test_scale_tiny():
 
     res = bench_scale(quick=True, full=False, tiny=True)
     _check_table(res)
-    assert res["overall_peak_rss_mb"] > 0 and len(res["phases"]) == 4
-    assert res["warm_cache"]["all_hits"] and res["flat_vs_floor"] > 0
+    case = res["sizes"]["3000"]
+    assert "error" not in case, case.get("error")
+    assert case["peak_rss_mb"] > 0 and len(case["phases"]) == 7 and case["chunk_set_is_store"]
+    assert case["recall_at_10"] > 0.5 and case["hybrid_ms_p50"] > 0
+    assert [o["index"] for o in case["other_indexes"]] == ["ivf_sq8", "hnsw_sq8"]
+    assert set(case["targets"]) == {"peak_rss_mb", "hybrid_p50_ms", "recall_at_10", "build_s"}
 
 
 @pytest.mark.slow

@@ -1,8 +1,18 @@
-"""BM25: both backends rank alike on the same tokens, filters apply, bm25s persists."""
+"""BM25: both backends rank alike on the same tokens, filters apply, bm25s persists, and a streamed
+build writes the index bm25s would have saved, resuming after a kill."""
+import json
+import random
+import subprocess
+import sys
+from itertools import pairwise
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from rag.bm25 import BM25Index, token_ids, tokenize, top_k
+import rag.bm25
+from rag.bm25 import BM25Index, token_ids, tokenize, top_k, write_bm25s_index
+from rag.config import PROJECT_ROOT
 from rag.types import RagError
 
 CORPUS = [
@@ -160,3 +170,218 @@ def test_bm25s_search_matches_bm25s_own_retrieve():
         positive = res.scores[0] > 0
         np.testing.assert_allclose(hits.scores[qi][: positive.sum()], res.scores[0][positive], rtol=1e-6)
         assert set(hits.ids[qi][hits.ids[qi] >= 0].tolist()) == set(res.documents[0][positive].tolist())
+
+
+# --- Streamed build ---------------------------------------------------------------------------------
+
+STREAM_QUERIES = QUERIES + ["lock lock fcntl", "café naïve", "zebra", "weight pointer process memory file"]
+
+
+def varied_texts(n: int = 300, seed: int = 0) -> list[str]:
+    """CORPUS's sentences and random mixtures of their words, with texts of no token at all (empty,
+    stopwords only), terms repeated many times, unicode, and identifiers."""
+    rng = random.Random(seed)
+    words = " ".join(CORPUS).replace(".", "").replace(";", "").replace(",", "").split()
+    words += ["O_NONBLOCK", "register_forward_hook", "café", "naïve", "Ünïcödé", "東京", "2024", "x86_64"]
+    texts = list(CORPUS) + ["", "the and of a it is", "lock " * 50 + "fcntl", "café naïve 東京 Ünïcödé mmap"]
+    while len(texts) < n:
+        texts.append(" ".join(rng.choice(words) for _ in range(rng.randint(1, 40))))
+    return texts
+
+
+def batched(texts: list[str], size: int):
+    return (texts[i : i + size] for i in range(0, len(texts), size))
+
+
+def interrupted(batches, after: int):
+    """The batches, failing when asked for the one after `after` (as a killed build stops)."""
+    for i, texts in enumerate(batches):
+        if i == after:
+            raise KeyboardInterrupt("killed")
+        yield texts
+
+
+@pytest.fixture(scope="module")
+def saved_by_bm25s(tmp_path_factory) -> Path:
+    """varied_texts's index built in memory by bm25s and saved: what a streamed build must write."""
+    path = tmp_path_factory.mktemp("bm25s")
+    BM25Index().build(varied_texts()).save(path)
+    return path
+
+
+def assert_same_files(got: Path, expect: Path) -> None:
+    for name in ("data", "indices", "indptr"):
+        a, b = np.load(got / f"{name}.csc.index.npy"), np.load(expect / f"{name}.csc.index.npy")
+        assert a.dtype == b.dtype, name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    for name in ("vocab.index.json", "params.index.json"):
+        assert json.loads((got / name).read_text()) == json.loads((expect / name).read_text()), name
+    extra = {"max_impact.ragrig.npy"}  # each term's largest score, for MaxScore pruning (bm25s ignores it)
+    assert sorted(p.name for p in got.iterdir() if p.name not in extra) == sorted(p.name for p in expect.iterdir())
+
+
+@pytest.fixture
+def tokenized(monkeypatch) -> list[int]:
+    """The number of texts tokenized by a streamed build, one entry a batch."""
+    counts: list[int] = []
+    real = rag.bm25.iter_tokens
+
+    def counting(texts, *args):
+        counts.append(len(texts))
+        return real(texts, *args)
+
+    monkeypatch.setattr(rag.bm25, "iter_tokens", counting)
+    return counts
+
+
+@pytest.mark.parametrize("batch", [1, 7, 1000])
+def test_a_streamed_build_writes_the_files_bm25s_saves_with_the_same_arrays(tmp_path, saved_by_bm25s, batch):
+    texts = varied_texts()
+    built = write_bm25s_index(batched(texts, batch), tmp_path, k1=1.5, b=0.75, stopwords=True, stem=True)
+    assert built == {"n_docs": len(texts), "resumed_docs": 0}
+    assert_same_files(tmp_path, saved_by_bm25s)  # the same scores to the bit: same idf, tfc and float order
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+@pytest.mark.parametrize("batch", [1, 7, 1000])
+def test_a_streamed_index_searches_like_one_built_in_memory(tmp_path, batch, mmap):
+    texts = varied_texts()
+    expect = BM25Index().build(texts).search(STREAM_QUERIES, 10)
+    streamed = BM25Index(mmap=mmap).build_stream(batched(texts, batch), tmp_path)
+    assert isinstance(streamed.model.scores["data"], np.memmap) == mmap and streamed.n_docs == len(texts)
+    got = streamed.search(STREAM_QUERIES, 10)
+    np.testing.assert_array_equal(got.ids, expect.ids)
+    np.testing.assert_allclose(got.scores, expect.scores, rtol=1e-6)
+    assert (got.ids[STREAM_QUERIES.index("zebra")] == -1).all()
+
+
+def test_an_interrupted_build_resumes_after_its_last_recorded_batch(tmp_path, saved_by_bm25s, tokenized):
+    texts, work = varied_texts(), tmp_path / "work"
+    with pytest.raises(KeyboardInterrupt):
+        write_bm25s_index(interrupted(batched(texts, 7), after=5), tmp_path / "out", k1=1.5, b=0.75,
+                          stopwords=True, stem=True, work=work)
+    assert json.loads((work / "progress.json").read_text())["docs"] == 35
+    # A kill in the middle of the next batch leaves rows past the record.
+    for name in ("terms.i32", "tfs.i32", "doc_lengths.i32", "vocab.txt"):
+        with open(work / name, "ab") as f:
+            f.write(b"half a batch")
+    tokenized.clear()
+    built = write_bm25s_index(batched(texts, 7), tmp_path / "out", k1=1.5, b=0.75, stopwords=True, stem=True, work=work)
+    assert built == {"n_docs": len(texts), "resumed_docs": 35}
+    assert sum(tokenized) == len(texts) - 35, "the recorded batches are not tokenized again"
+    assert_same_files(tmp_path / "out", saved_by_bm25s)
+    assert (work / "progress.json").exists(), "the work directory is the caller's to delete"
+
+
+def test_a_build_killed_by_sigkill_resumes_from_what_it_flushed(tmp_path, saved_by_bm25s, tokenized):
+    """A real SIGKILL: nothing buffered in the process survives, only what was flushed."""
+    work = tmp_path / "work"
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from rag.bm25 import write_bm25s_index\n"
+        "from tests.test_bm25 import batched, varied_texts\n"
+        "def batches():\n"
+        "    for i, texts in enumerate(batched(varied_texts(), 7)):\n"
+        "        if i == 9:\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "        yield texts\n"
+        "write_bm25s_index(batches(), Path(sys.argv[1]), k1=1.5, b=0.75, stopwords=True, stem=True,"
+        " work=Path(sys.argv[2]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out"), str(work)], cwd=PROJECT_ROOT, check=False)
+    assert proc.returncode == -9
+    texts = varied_texts()
+    write_bm25s_index(batched(texts, 7), tmp_path / "out", k1=1.5, b=0.75, stopwords=True, stem=True, work=work)
+    assert sum(tokenized) == len(texts) - 63
+    assert_same_files(tmp_path / "out", saved_by_bm25s)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "more than the files hold", "another tokenizer"])
+def test_a_damaged_progress_record_starts_pass_1_over(tmp_path, saved_by_bm25s, tokenized, damage):
+    texts, work = varied_texts(), tmp_path / "work"
+    with pytest.raises(KeyboardInterrupt):
+        write_bm25s_index(interrupted(batched(texts, 7), after=5), tmp_path / "out", k1=1.5, b=0.75,
+                          stopwords=True, stem=True, work=work)
+    record = json.loads((work / "progress.json").read_text())
+    if damage == "garbage":
+        (work / "progress.json").write_text('{"batches": 5, "docs"')
+    else:
+        record |= {"postings": record["postings"] + 1} if damage.startswith("more") else {"tokenizer": {}}
+        (work / "progress.json").write_text(json.dumps(record))
+    tokenized.clear()
+    write_bm25s_index(batched(texts, 7), tmp_path / "out", k1=1.5, b=0.75, stopwords=True, stem=True, work=work)
+    assert sum(tokenized) == len(texts), "started over"
+    assert_same_files(tmp_path / "out", saved_by_bm25s)
+
+
+def test_resuming_with_other_batches_is_refused(tmp_path):
+    texts, work = varied_texts(), tmp_path / "work"
+    with pytest.raises(KeyboardInterrupt):
+        write_bm25s_index(interrupted(batched(texts, 7), after=5), tmp_path / "out", k1=1.5, b=0.75,
+                          stopwords=True, stem=True, work=work)
+    with pytest.raises(RagError, match="5 batches of 35 texts in all, but the batches given start with 5 of 50"):
+        write_bm25s_index(batched(texts, 10), tmp_path / "out", k1=1.5, b=0.75, stopwords=True, stem=True, work=work)
+
+
+def test_a_corpus_without_a_token_streams_to_an_index_without_hits(tmp_path):
+    index = BM25Index().build_stream(batched(["", "the and of", "a it is"], 2), tmp_path)
+    assert index.n_docs == 3 and index.model.scores["data"].shape == (0,)
+    assert (index.search(["the fcntl"], 2).ids == -1).all()
+
+
+def test_a_streamed_build_needs_the_bm25s_backend(tmp_path):
+    with pytest.raises(RagError, match="streamed bm25 build writes bm25s's files"):
+        BM25Index("rank_bm25").build_stream(batched(CORPUS, 5), tmp_path)
+
+
+# ---- MaxScore pruning (rag/bm25_maxscore.py) ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def zipf_index():
+    from benchmarks.common import zipf_queries, zipf_texts
+
+    texts = list(zipf_texts(20_000, vocab_size=5_000))
+    queries = zipf_queries(60, vocab_size=5_000) + [f"{q} {q.split()[0]}" for q in zipf_queries(10, vocab_size=5_000, seed=3)]
+    return BM25Index().build(texts), queries
+
+
+def exhaustive(index, queries, n, allowed=None, monkeypatch=None):
+    monkeypatch.setattr(rag.bm25, "PRUNE_FROM_POSTINGS", 10**12)
+    try:
+        return index.search(queries, n, allowed)
+    finally:
+        monkeypatch.setattr(rag.bm25, "PRUNE_FROM_POSTINGS", 0)
+
+
+@pytest.mark.parametrize("n", [1, 10, 100])
+@pytest.mark.parametrize("filtered", [False, True])
+def test_pruned_search_returns_the_exhaustive_top_n_to_the_bit(zipf_index, monkeypatch, n, filtered):
+    index, queries = zipf_index
+    allowed = np.arange(0, index.n_docs, 3) if filtered else None
+    used = []
+    real = rag.bm25.maxscore.candidates
+    monkeypatch.setattr(rag.bm25.maxscore, "candidates", lambda *a, **k: used.append(real(*a, **k)) or used[-1])
+    want = exhaustive(index, queries, n, allowed, monkeypatch)
+    got = index.search(queries, n, allowed)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.scores, want.scores)  # same float32 sums, same order
+    assert sum(u is not None for u in used) > len(queries) // 2, "most queries were pruned, not scored whole"
+
+
+def test_small_queries_are_scored_whole(zipf_index, monkeypatch):
+    index, queries = zipf_index
+    monkeypatch.setattr(rag.bm25, "PRUNE_FROM_POSTINGS", 10**12)
+    monkeypatch.setattr(rag.bm25.maxscore, "candidates", lambda *a, **k: pytest.fail("pruned below the threshold"))
+    index.search(queries[:5], 10)
+
+
+def test_the_streamed_build_saves_each_terms_largest_score(tmp_path):
+    from rag.bm25_maxscore import IMPACTS_FILE
+
+    write_bm25s_index(batched(varied_texts(), 7), tmp_path, k1=1.5, b=0.75, stopwords=True, stem=True)
+    data, indptr = np.load(tmp_path / "data.csc.index.npy"), np.load(tmp_path / "indptr.csc.index.npy")
+    want = [data[a:b].max() if b > a else 0.0 for a, b in pairwise(indptr)]
+    np.testing.assert_array_equal(np.load(tmp_path / IMPACTS_FILE), np.asarray(want, np.float32))
+    index = BM25Index(mmap=True).load(tmp_path)
+    assert index._impacts is not None and index._impacts.saved is not None

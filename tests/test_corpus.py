@@ -457,6 +457,17 @@ def test_medline_glob_matching_nothing_and_truncated_gzip_are_one_line(tmp_path)
     one_line_error(e)
 
 
+def test_medline_files_are_streamed_article_by_article(tmp_path):
+    # The first file's articles come out before the second file is opened: a baseline of
+    # millions of articles is never held whole (rag.artifacts stores the stream as it comes).
+    files = _baseline_files(tmp_path, n_files=2, per_file=3)
+    files[1].write_bytes(files[1].read_bytes()[:40])
+    stream = MedlineCorpus(paths=[str(tmp_path / "*.xml.gz")]).iter_documents()
+    assert [next(stream).id for _ in range(3)] == ["pmid:1", "pmid:2", "pmid:3"]
+    with pytest.raises(RagError, match="pubmed25n0002.xml.gz: cannot read"):
+        next(stream)
+
+
 def test_medline_errors(tmp_path):
     with pytest.raises(RagError, match="nope.xml: file not found"):
         MedlineCorpus(paths=[tmp_path / "nope.xml"]).load()

@@ -29,7 +29,7 @@ from benchmarks.encoding import chunk_set_of
 from rag.artifacts import Artifacts
 from rag.cache import ArtifactCache
 from rag.config import PROJECT_ROOT
-from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
+from rag.embedder.sentence_transformer import RowSink, SentenceTransformerEmbedder
 from rag.session import create
 from rag.types import RagError
 from tests.test_sweeps import ENV, multirun, sweep_overrides, tiny  # noqa: F401 (tiny: the sweeps' corpus fixture)
@@ -96,10 +96,11 @@ def ray_embedder(model: str = MODEL, **settings):
 
 # -- the Ray embedding engine -------------------------------------------------------------------
 
-def in_own_process(func: str, timeout: float = 300, module: str = "tests.test_distributed", **kwargs) -> dict:
-    """`module.func(**kwargs)` (by default of this module) in a fresh Python process; its result,
-    once it exited with 0."""
-    res = run_case(module, func, kwargs, timeout=timeout, env={"PYTHONFAULTHANDLER": "1"})
+def in_own_process(func: str, timeout: float = 300, module: str = "tests.test_distributed",
+                   env: dict[str, str] | None = None, **kwargs) -> dict:
+    """`module.func(**kwargs)` (by default of this module) in a fresh Python process (with `env`
+    added to its environment); its result, once it exited with 0."""
+    res = run_case(module, func, kwargs, timeout=timeout, env={"PYTHONFAULTHANDLER": "1", **(env or {})})
     assert "error" not in res, res.get("error")
     assert res["exit_code"] == 0, f"exit {res['exit_code']} after reporting: {res.get('stderr_tail')}"
     return res
@@ -112,13 +113,14 @@ def test_ray_vectors_equal_local_vectors_and_share_their_cache_entry(ray_cluster
     run = res["last_run"]
     assert res["first_hit"] is False
     assert run["engine"] == "ray" and run["texts"] == 300  # the distinct texts (default min_texts=256)
+    assert run["written_by_workers"] == 300  # the actors wrote every vector into the cache's file
     assert len(run["workers"]) == workers  # one model per actor
     assert len(run["nodes"]) == workers  # one CPU per node: two actors need both nodes
     assert res["initialized_after"] is False  # the driver disconnected; the cluster runs on
 
     vectors, texts = np.load(res["vectors"]), corpus_texts()
     local = SentenceTransformerEmbedder(MODEL, show_progress=False)
-    np.testing.assert_allclose(vectors, local.encode(texts), atol=1e-5)
+    np.testing.assert_allclose(vectors, local_stage(local, tmp_path / "local-cache"), atol=1e-6)
     np.testing.assert_array_equal(vectors[300:], vectors[:60])
 
     again = Artifacts(ArtifactCache(tmp_path / "cache"), chunk_set_of(texts))
@@ -126,17 +128,64 @@ def test_ray_vectors_equal_local_vectors_and_share_their_cache_entry(ray_cluster
     assert again.record["vectors"] == res["record"] | {"hit": True}  # the local embedder's key: a cache hit
 
 
-def ray_vectors_stage(address: str, workers: int, cache: str) -> dict:
+def local_stage(embedder: SentenceTransformerEmbedder, cache: Path) -> np.ndarray:
+    """The vectors of corpus_texts() as the local embedding stage builds them."""
+    return np.array(Artifacts(ArtifactCache(cache), chunk_set_of(corpus_texts())).vectors(embedder))
+
+
+def ray_vectors_stage(address: str, workers: int, cache: str, min_texts: int = 256) -> dict:
     """Builds the vectors of corpus_texts() on the cluster at `address` into `cache`."""
     import ray
 
-    on_ray = ray_embedder(address=address, num_workers=workers, ray_batch_size=64)
+    on_ray = ray_embedder(address=address, num_workers=workers, ray_batch_size=64, min_texts=min_texts)
     built = Artifacts(ArtifactCache(cache), chunk_set_of(corpus_texts()))
     vectors = np.array(built.vectors(on_ray))
     path = Path(cache) / "ray_vectors.npy"
     np.save(path, vectors)
     return {"vectors": str(path), "last_run": on_ray.last_run, "record": built.record["vectors"],
             "first_hit": built.record["vectors"]["hit"], "initialized_after": ray.is_initialized()}
+
+
+@pytest.mark.distributed
+def test_a_ray_build_stopped_midway_resumes_from_the_blocks_its_workers_wrote(ray_cluster, tmp_path):
+    """Blocks of 64 texts (RAGRIG_TEST_ENCODE_BLOCK), one per Ray batch: a build whose driver stops
+    after two batches leaves them recorded in the vectors' partial directory; the rerun has the
+    workers encode and write only the other blocks, and its file is the local stage's."""
+    cache, env = tmp_path / "cache", {"RAGRIG_TEST_ENCODE_BLOCK": "64"}
+    stopped = in_own_process("stopped_ray_vectors_stage", env=env, address=ray_cluster.address, cache=str(cache))
+    done = stopped["done"]
+    assert stopped["raised"] == "stopped" and 0 < len(done) < 5  # 300 distinct texts: 5 blocks
+    res = in_own_process("ray_vectors_stage", env=env, address=ray_cluster.address, workers=2, cache=str(cache),
+                         min_texts=0)
+    recorded_rows = sum(min(64, 300 - 64 * b) for b in done)
+    assert res["last_run"]["engine"] == "ray"
+    assert res["last_run"]["texts"] == res["last_run"]["written_by_workers"] == 300 - recorded_rows
+    manifest = json.loads(next((cache / "vectors").glob("*/manifest.json")).read_text())
+    assert manifest["resumed_blocks"] == len(done)
+    assert not list((cache / "vectors").glob(".partial-*"))
+    local = SentenceTransformerEmbedder(MODEL, show_progress=False)
+    np.testing.assert_allclose(np.load(res["vectors"]), local_stage(local, tmp_path / "local-cache"), atol=1e-6)
+
+
+def stopped_ray_vectors_stage(address: str, cache: str, batches: int = 2) -> dict:
+    """ray_vectors_stage whose driver stops (an error) after `batches` batches came back; the
+    blocks recorded as written by then."""
+    on_ray = ray_embedder(address=address, num_workers=2, ray_batch_size=64)
+    engine_blocks = on_ray.engine.encode_blocks
+
+    def stops(*args, **kwargs):
+        for i, pair in enumerate(engine_blocks(*args, **kwargs)):
+            if i == batches:
+                raise RuntimeError("stopped")
+            yield pair
+
+    on_ray.engine.encode_blocks = stops
+    try:
+        Artifacts(ArtifactCache(cache), chunk_set_of(corpus_texts())).vectors(on_ray)
+    except RuntimeError as e:
+        record = json.loads(next((Path(cache) / "vectors").glob(".partial-*/blocks.json")).read_text())
+        return {"raised": str(e), "done": record["done"]}
+    return {"raised": None, "done": []}
 
 
 @pytest.mark.distributed
@@ -288,6 +337,28 @@ def test_small_inputs_are_encoded_locally_without_contacting_ray():
     assert nowhere.last_run == {"engine": "local", "texts": 20} and not ray.is_initialized()
     local = SentenceTransformerEmbedder(MODEL, show_progress=False)
     np.testing.assert_allclose(vectors, local.encode(texts), atol=1e-5)
+
+
+def test_a_worker_writes_its_rows_into_the_drivers_file_and_refuses_another_file_at_that_path(tmp_path):
+    from rag.embedder.ray_data import RayEngine, _EncodeActor
+
+    path = tmp_path / "unique.npy"
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(3, 2))
+    actor = object.__new__(_EncodeActor)  # its writing only: no Ray, no model
+    actor.worker, actor.sink = "node-1:42", RayEngine._sink_args(RowSink(str(path), out.offset, 2, np.arange(3)))
+    actor._write(np.array([2, 0]), np.array([[1, 2], [3, 4]], np.float32))
+    assert np.load(path).tolist() == [[3, 4], [0, 0], [1, 2]]
+
+    path.rename(tmp_path / "moved.npy")  # the same path, another file: a node's own disk, not the shared cache
+    np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(3, 2))
+    with pytest.raises(RagError) as e:
+        actor._write(np.array([1]), np.array([[5, 6]], np.float32))
+    assert str(e.value) == (f"embedder engine ray: a worker on node node-1 finds another file at {path} than the "
+                            "driver's; the artifact cache must be on a filesystem every node mounts at the same path")
+    path.unlink()
+    with pytest.raises(RagError, match=r"^embedder engine ray: a worker on node node-1 cannot open .*unique\.npy "):
+        actor._write(np.array([1]), np.array([[5, 6]], np.float32))
+    assert np.load(tmp_path / "moved.npy")[1].tolist() == [0, 0]
 
 
 @pytest.mark.parametrize(("override", "message"), [

@@ -206,3 +206,94 @@ def test_refine_rescores_from_the_mapped_vectors_as_faiss_refine_flat_does_from_
     fresh.load(tmp_path)
     with pytest.raises(RagError, match="index.refine re-scores from the chunk vectors, and none were given"):
         fresh.search(queries, 10)
+
+
+# ---- building from the cache's memory-mapped vectors ---------------------------------------------
+
+def mapped(tmp_path, array, name="vectors.npy"):
+    np.save(tmp_path / name, array)
+    return np.load(tmp_path / name, mmap_mode="r")
+
+
+@pytest.mark.parametrize("make", [lambda: FlatL2Index(), lambda: IVFIndex(nlist=32, nprobe=8),
+                                  lambda: IVFPQIndex(nlist=32, m=16, nbits=8, nprobe=8)], ids=["flat", "ivf", "ivf_pq"])
+def test_an_index_built_from_the_mapped_file_is_the_one_built_in_memory(make, tmp_path):
+    import faiss
+
+    base, queries = structured(6000)
+    in_memory, from_file = make().build(base), make().build(mapped(tmp_path, base), batch_size=1000)
+    assert np.array_equal(faiss.serialize_index(in_memory.index), faiss.serialize_index(from_file.index))
+    np.testing.assert_array_equal(in_memory.search(queries, 10).ids, from_file.search(queries, 10).ids)
+
+
+def test_float16_vectors_are_read_as_float32_a_batch_at_a_time(tmp_path):
+    import faiss
+
+    base, _ = structured(3000)
+    half = base.astype(np.float16)
+    from_file = IVFIndex(nlist=16).build(mapped(tmp_path, half), batch_size=700)
+    assert np.array_equal(faiss.serialize_index(from_file.index),
+                          faiss.serialize_index(IVFIndex(nlist=16).build(half.astype(np.float32)).index))
+    with pytest.raises(RagError, match="need a non-empty 2-d array"):
+        FlatL2Index().build(np.zeros((0, 8), np.float32))
+
+
+def test_a_corpus_larger_than_max_train_trains_on_a_fixed_sample(caplog):
+    import faiss
+
+    base, queries = structured(6000)
+    truth = FlatL2Index().build(base).search(queries, 10).ids
+    with caplog.at_level("INFO", logger="rag.index"):
+        index = IVFIndex(nlist=32, nprobe=8, max_train=2000).build(base)
+    assert "training on a sample of 2000 of the 6000 vectors" in caplog.text
+    recall = np.mean([len(set(t) & set(g)) / 10 for t, g in zip(truth, index.search(queries, 10).ids)])
+    assert recall >= 0.85, recall
+    again = IVFIndex(nlist=32, nprobe=8, max_train=2000).build(base)
+    assert np.array_equal(faiss.serialize_index(index.index), faiss.serialize_index(again.index))
+    # Another sample trains other cells, so it is another cached index; the default keeps its old key.
+    assert IVFIndex(nlist=32, max_train=2000).params["max_train"] == 2000
+    assert "max_train" not in IVFIndex(nlist=32).params and "max_train" not in IVFPQIndex().params
+    with pytest.raises(RagError, match=r"index.max_train \(100\) must be at least 1248"):
+        IVFIndex(nlist=32, max_train=100).build(base)
+    with pytest.raises(RagError, match="index.max_train must be a positive integer"):
+        IVFIndex(max_train=0)
+
+
+def test_the_default_sample_is_what_faiss_trains_on_within_a_memory_bound():
+    from rag.index import MAX_TRAIN_BYTES
+
+    # Up to 65,536 rows everything trains, as before sampling; beyond, FAISS's k-means keeps 256 a cell.
+    assert IVFIndex(nlist=16)._max_train(10**7, 384) == 65536
+    assert IVFIndex(nlist=1024)._max_train(10**7, 384) == 256 * 1024
+    assert IVFPQIndex(nlist=64, nbits=10)._max_train(10**7, 384) == 256 * 2**10  # its sub-quantizers' k-means
+    # Too many cells for MAX_TRAIN_BYTES: the bound, but never below 39 rows a cell.
+    assert IVFIndex(nlist=8192)._max_train(10**7, 384) == MAX_TRAIN_BYTES // (4 * 384)
+    assert IVFIndex(nlist=65536)._max_train(10**7, 384) == 65536 * IVFIndex.MIN_POINTS_PER_CELL
+
+
+def resident_file_bytes():
+    """File-backed (and shared-memory: tmpfs) pages of this process's resident set, in bytes."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("RssFile", "RssShmem"):
+                fields[key] = int(value.split()[0]) * 1024
+    if len(fields) < 2:
+        pytest.skip("needs Linux's /proc/self/status RssFile and RssShmem")
+    return sum(fields.values())
+
+
+def test_building_from_the_mapped_file_does_not_keep_it_resident(tmp_path):
+    n, dim = 200_000, 384  # 307 MB of float32
+    out = np.lib.format.open_memmap(tmp_path / "vectors.npy", mode="w+", dtype=np.float32, shape=(n, dim))
+    block = np.random.default_rng(0).standard_normal((10_000, dim), dtype=np.float32)
+    for i in range(0, n, len(block)):
+        out[i : i + len(block)] = block + i
+    del out  # unmapped: its pages leave this process's resident set
+    vectors = np.load(tmp_path / "vectors.npy", mmap_mode="r")
+    before = resident_file_bytes()
+    IVFSQ8Index(nlist=16, max_train=20_000).build(vectors)
+    assert resident_file_bytes() - before < vectors.nbytes // 10
+    np.asarray(vectors[: n // 2]).sum()  # what the test would see from rows read through the mapping
+    assert resident_file_bytes() - before > vectors.nbytes // 3

@@ -91,6 +91,28 @@ def test_a_served_embedder_is_counted_and_everything_after_it_bounded(tiny_files
     assert "counts are exact through embed" in text and "at most" in text
 
 
+def test_a_dry_run_after_an_interrupted_embedding_counts_only_the_blocks_left(tiny_files, compose_cfg, minilm,  # noqa: F811
+                                                                              monkeypatch):
+    import numpy as np
+
+    import rag.artifacts as artifacts_mod
+
+    monkeypatch.setattr(artifacts_mod, "ENCODE_BLOCK", 4)
+    with endpoint(minilm) as srv:
+        over = tiny_overrides(tiny_files) + roles(srv.base_url, "embed", fresh=tiny_files["cache"])
+        plan = run(compose_cfg(over + ["dry_run=true"]), tiny_files["out"] / "dry")["dry_run"]["roles"]["embed"]
+        (key,) = [k for k in plan["units"] if k]
+        chunks = plan["units"][key][1] - 1  # less the dimension probe
+        # What an embedding killed after its first two blocks of 4 texts leaves in the cache.
+        partial = Path(tiny_files["cache"]) / "vectors" / f".partial-{key}"
+        partial.mkdir(parents=True)
+        np.save(partial / "unique.npy", np.zeros((chunks, 384), np.float32))
+        (partial / "blocks.json").write_text(json.dumps({"n": chunks, "dim": 384, "block": 4, "done": [0, 1]}))
+        again = run(compose_cfg(over + ["dry_run=true"]), tiny_files["out"] / "dry2")["dry_run"]["roles"]["embed"]
+    assert again["units"][key][1] == chunks - 8 + 1
+    assert any("not asked again" in note for note in again["notes"])
+
+
 def test_in_process_models_make_an_empty_plan(tiny_files, compose_cfg):
     plan = run(compose_cfg(tiny_overrides(tiny_files) + ["dry_run=true"]), tiny_files["out"])["dry_run"]
     assert plan["roles"] == {} and plan["bounded_after"] is None

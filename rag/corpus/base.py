@@ -34,6 +34,11 @@ class Corpus:
     def load(self) -> list[Document]:
         raise NotImplementedError
 
+    def iter_documents(self) -> Iterator[Document]:
+        """The documents of `load()`, one at a time. Readers of files that can outgrow memory
+        (JSONL, BEIR, MEDLINE) stream them; the corpus artifact is written from this stream."""
+        yield from self.load()
+
     def settings(self) -> dict[str, Any]:
         """The constructor arguments that change the loaded documents."""
         return {}

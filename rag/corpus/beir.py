@@ -11,6 +11,7 @@ compare chunks with a ground-truth answer) are not computed for them; the label 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,11 @@ class BeirCorpus(Corpus):
         return file_fingerprint(self.file)
 
     def load(self) -> list[Document]:
+        return list(self.iter_documents())
+
+    def iter_documents(self) -> Iterator[Document]:
         self.skipped = []
-        docs: list[Document] = []
+        n = 0
         for where, doc_id, obj in jsonl_records(self.file, "_id", "document"):
             title = (text_field(obj, "title", where, required=False) or "").strip()
             body = (text_field(obj, "text", where, required=False) or "").strip()
@@ -50,10 +54,10 @@ class BeirCorpus(Corpus):
             text = f"{title}\n\n{body}" if title and body else title or body
             meta = obj.get("metadata")
             meta = dict(meta) if isinstance(meta, dict) else {}
-            docs.append(Document(id=doc_id, text=text, source=self.source, meta={"title": title or None, **meta}))
-        if not docs:
+            n += 1
+            yield Document(id=doc_id, text=text, source=self.source, meta={"title": title or None, **meta})
+        if not n:
             raise RagError(f"{self.file}: no documents with text")
-        return docs
 
 
 def read_qrels(path: Path) -> dict[str, dict[str, int]]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from rag.corpus.base import Corpus, as_path, claim_id, file_fingerprint, iter_jsonl, text_field
@@ -40,8 +41,10 @@ class JsonlCorpus(Corpus):
         return file_fingerprint(self.path)
 
     def load(self) -> list[Document]:
+        return list(self.iter_documents())
+
+    def iter_documents(self) -> Iterator[Document]:
         self.skipped = []
-        docs: list[Document] = []
         first_line: dict[str, int] = {}
         reserved = {self.id_field, self.text_field, self.source_field, "meta"}
         for lineno, obj in iter_jsonl(self.path):
@@ -57,7 +60,6 @@ class JsonlCorpus(Corpus):
                 raise RagError(f"{where}: field 'meta' must be an object, got {type(extra).__name__}")
             meta = {k: v for k, v in obj.items() if k not in reserved}
             meta.update(extra or {})
-            docs.append(Document(id=doc_id, text=text, source=source, meta=meta))
-        if not docs:
+            yield Document(id=doc_id, text=text, source=source, meta=meta)
+        if not first_line:
             raise RagError(f"{self.path}: file is empty")
-        return docs

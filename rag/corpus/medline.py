@@ -13,11 +13,11 @@ import os
 import re
 import xml.etree.ElementTree as ET
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, normalize_space, text_value
+from rag.corpus.base import Corpus, as_path, file_fingerprint, normalize_space, text_value
 from rag.corpus.pubmedqa import pmid_id
 from rag.types import Document, RagError
 
@@ -108,8 +108,11 @@ class MedlineCorpus(Corpus):
         return [file_fingerprint(p) for p in self.paths]
 
     def load(self) -> list[Document]:
+        return list(self.iter_documents())
+
+    def iter_documents(self) -> Iterator[Document]:
+        """The articles file by file, each file parsed as a stream (gunzipped as it is read)."""
         self.skipped = []
-        docs: list[Document] = []
         origin: dict[str, str] = {}
         files = self.paths
         for path in files:
@@ -117,11 +120,12 @@ class MedlineCorpus(Corpus):
                 if doc.id in origin:
                     where = "earlier in the file" if origin[doc.id] == str(path) else f"also in {origin[doc.id]}"
                     raise RagError(f"{path}: duplicate article {doc.id} ({where})")
+                if not doc.text.strip():
+                    raise RagError(f"MedlineCorpus: document {doc.id!r} has empty text")
                 origin[doc.id] = str(path)
-                docs.append(doc)
-        if not docs:
+                yield doc
+        if not origin:
             raise RagError(f"{', '.join(map(str, files))}: no articles with an abstract")
-        return check_documents(docs, "MedlineCorpus")
 
     def _open(self, path) -> IO[bytes]:
         file_fingerprint(path)  # a missing file gets the usual one-line error
@@ -129,8 +133,7 @@ class MedlineCorpus(Corpus):
             raise RagError(f"{path}: file is empty")
         return gzip.open(path) if path.suffix == ".gz" else open(path, "rb")
 
-    def _read(self, path) -> list[Document]:
-        docs = []
+    def _read(self, path) -> Iterator[Document]:
         n_articles = 0
         try:
             with self._open(path) as f:
@@ -148,7 +151,7 @@ class MedlineCorpus(Corpus):
                         if doc is None:
                             self.skipped.append(pmid_id(pmid))
                         else:
-                            docs.append(doc)
+                            yield doc
                     if elem.tag in ("PubmedArticle", "PubmedBookArticle", "DeleteCitation"):
                         # drop finished records (books and deletions are not abstracts to
                         # retrieve) from the tree, or it would grow to the whole file
@@ -160,4 +163,3 @@ class MedlineCorpus(Corpus):
             raise RagError(f"{path}: cannot read: {normalize_space(str(e))}") from None
         if n_articles == 0:
             raise RagError(f"{path}: no <PubmedArticle> records")
-        return docs

@@ -5,15 +5,22 @@ colleague's run), read by chunk id instead of encoded here.
 `ids.json` (a list) or `ids.txt` (one id a line), or a Parquet file with an `id` column and a
 `vector` column (lists of floats). Every chunk of the run must have a row (ids are the chunks'
 `doc_id#position`, as `python -m rag.corpus.export` and per_question.jsonl write them); rows for
-other chunks are ignored, an id given twice or a row of another length is refused in one line.
+other chunks are ignored, a row of another length is refused in one line, and so is an id given
+twice once ids are looked up (a file in the chunks' own order is copied by row, see below).
 Questions are encoded at search time by `queries`, which must be the model that made the chunk
 vectors: its dimension is checked against the file's, and the retriever checks it again against
 the index. The vectors are cached like any embedder's, keyed by the file's fingerprint (path,
 size, modification time) and the query model.
+
+At 10M chunks the vectors are 15 GB: `write_vectors` copies them into the cache's file batch by
+batch with ordinary file reads and writes (not through mappings, whose pages would stay in this
+process's memory), and while the file lists the chunks in the run's own order (an export from the
+same chunking) it copies row ranges without looking any id up.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +29,9 @@ import numpy as np
 from rag.corpus.base import file_fingerprint
 from rag.models import use_cache
 from rag.types import RagError
+from rag.vector_rows import read_rows, take_rows, write_rows
+
+BATCH = 65536  # vectors_for's batches: 96 MB of float32 at 384-d
 
 
 class PrecomputedEmbedder:
@@ -30,7 +40,8 @@ class PrecomputedEmbedder:
         if not hasattr(queries, "encode_queries"):
             raise RagError("embedder.queries must be an embedder config (e.g. the embedder/minilm node) that encodes questions")
         self.path, self.queries, self.normalize = Path(str(path)).expanduser(), queries, bool(normalize)
-        self._table: tuple[dict[str, int], np.ndarray] | None = None
+        self._file: tuple[list[str], np.ndarray] | None = None
+        self._rows_of: dict[str, int] | None = None
 
     def __repr__(self) -> str:
         return f"PrecomputedEmbedder({self.path})"
@@ -75,9 +86,10 @@ class PrecomputedEmbedder:
 
     # ---- the vectors ---------------------------------------------------------------------------
 
-    def _load(self) -> tuple[dict[str, int], np.ndarray]:
-        if self._table is not None:
-            return self._table
+    def _load(self) -> tuple[list[str], np.ndarray]:
+        """The file's ids and its vectors (vectors.npy memory-mapped), their counts checked."""
+        if self._file is not None:
+            return self._file
         files = self._files()
         where = str(self.path)
         try:
@@ -105,13 +117,22 @@ class PrecomputedEmbedder:
             raise RagError(f"embedder.path {where}: vectors must be a 2-d array, got shape {vectors.shape}")
         if len(ids) != vectors.shape[0]:
             raise RagError(f"embedder.path {where}: {len(ids)} ids for {vectors.shape[0]} vectors")
+        self._file = (ids, vectors)
+        return self._file
+
+    def _id_rows(self) -> dict[str, int]:
+        """id -> row, built only when the chunks are not in the file's order (the dict of 10M
+        ids is most of a GB); a repeated id is refused here."""
+        if self._rows_of is not None:
+            return self._rows_of
         rows_of: dict[str, int] = {}
-        for i, chunk_id in enumerate(ids):
+        for i, chunk_id in enumerate(self._load()[0]):
             if chunk_id in rows_of:
-                raise RagError(f"embedder.path {where}: id {chunk_id!r} is given twice (rows {rows_of[chunk_id]} and {i})")
+                raise RagError(f"embedder.path {self.path}: id {chunk_id!r} is given twice "
+                               f"(rows {rows_of[chunk_id]} and {i})")
             rows_of[chunk_id] = i
-        self._table = (rows_of, vectors)
-        return self._table
+        self._rows_of = rows_of
+        return rows_of
 
     @property
     def dim(self) -> int:
@@ -119,18 +140,57 @@ class PrecomputedEmbedder:
 
     def vectors_for(self, chunk_ids: list[str]) -> np.ndarray:
         """float32 [len(chunk_ids), dim] in the order asked, L2-normalized when `normalize`."""
-        rows_of, vectors = self._load()
-        missing = [c for c in chunk_ids if c not in rows_of]
-        if missing:
-            raise RagError(f"embedder.path {self.path}: no vector for {len(missing)} of the run's {len(chunk_ids)} chunks "
-                           f"(e.g. {', '.join(repr(m) for m in missing[:3])}); were they cut with the same chunker settings?")
-        query_dim = int(self.encode_queries(["dimension check"]).shape[1])
-        if query_dim != vectors.shape[1]:
-            raise RagError(f"embedder.path {self.path} holds {vectors.shape[1]}-d vectors, but embedder.queries makes "
-                           f"{query_dim}-d query vectors: the chunk vectors must come from the query model")
-        out = np.asarray(vectors[[rows_of[c] for c in chunk_ids]], dtype=np.float32)
-        if not np.isfinite(out).all():
-            raise RagError(f"embedder.path {self.path}: vectors hold NaN or infinite values")
-        if self.normalize:
-            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        out = np.empty((len(chunk_ids), self.dim), np.float32)
+        self.write_vectors((chunk_ids[i : i + BATCH] for i in range(0, len(chunk_ids), BATCH)), out)
         return out
+
+    def write_vectors(self, id_batches: Iterable[list[str]], out: np.ndarray) -> dict[str, Any]:
+        """Fills `out` (float32 [n_chunks, dim], e.g. np.lib.format.open_memmap's file) with the
+        vectors of the chunk ids, batch after batch, L2-normalized when `normalize`. Returns
+        {"n": chunks, "dim": dim, "in_order": whether every row was copied by position}.
+
+        While the file's ids are the batch's ids at the same rows, rows are copied by position and
+        no id is looked up; from the first batch that differs on, each id is looked up (and the
+        file's ids are then checked for repeats). Missing ids are counted over every batch and
+        reported together at the end; nothing after the first missing one is written."""
+        ids, vectors = self._load()
+        dim = int(vectors.shape[1])
+        query_dim = int(self.encode_queries(["dimension check"]).shape[1])
+        if query_dim != dim:
+            raise RagError(f"embedder.path {self.path} holds {dim}-d vectors, but embedder.queries makes "
+                           f"{query_dim}-d query vectors: the chunk vectors must come from the query model")
+        if out.ndim != 2 or out.shape[1] != dim:
+            raise RagError(f"embedder.path {self.path}: {dim}-d vectors cannot fill an array of shape {out.shape}")
+        start, in_order, missing, examples = 0, True, 0, []
+        for batch in id_batches:
+            batch = batch if isinstance(batch, list) else list(batch)
+            stop = start + len(batch)
+            if stop > len(out):
+                raise RagError(f"embedder.path {self.path}: more chunk ids than the {len(out)} rows to fill")
+            if in_order and ids[start:stop] == batch:
+                block = read_rows(vectors, start, stop)
+            else:
+                in_order = False
+                row_of = self._id_rows()
+                rows = [row_of.get(c, -1) for c in batch]
+                if -1 in rows:
+                    lost = [c for c, r in zip(batch, rows) if r < 0]
+                    missing += len(lost)
+                    examples += lost[: 3 - len(examples)]
+                if missing:  # the run fails; the rest is only counted
+                    start = stop
+                    continue
+                block = take_rows(vectors, np.asarray(rows, np.int64))
+            if not np.isfinite(block).all():
+                raise RagError(f"embedder.path {self.path}: vectors hold NaN or infinite values")
+            if self.normalize:  # a new array: `block` may be a view of the Parquet file's vectors
+                block = block / np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
+            write_rows(out, start, block)
+            start = stop
+        if missing:
+            raise RagError(f"embedder.path {self.path}: no vector for {missing} of the run's {start} chunks "
+                           f"(e.g. {', '.join(repr(m) for m in examples)}); "
+                           "were they cut with the same chunker settings?")
+        if start != len(out):
+            raise RagError(f"embedder.path {self.path}: {start} chunk ids for the {len(out)} rows to fill")
+        return {"n": start, "dim": dim, "in_order": in_order}

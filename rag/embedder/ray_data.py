@@ -4,10 +4,24 @@
 with its own `_target_` in conf/embedder/minilm_ray.yaml): the embedder's `encode_blocks` runs as a
 Ray Data job:
 the texts, each with its row number, become a dataset; `map_batches` hands batches of
-`ray_batch_size` texts to a pool of `num_workers` actors, each holding one copy of the model; the
-vectors stream back to the driver (`iter_batches`), which writes each batch into its rows of the
-.npy (`rag.artifacts.encode_to_npy`). Batches come back in whatever order the actors finish; the
-row numbers travel with them, so order does not matter.
+`ray_batch_size` texts to a pool of `num_workers` actors, each holding one copy of the model.
+
+The actors write their vectors themselves into the rows of the .npy that the stage fills
+(`rag.artifacts.encode_to_npy` offers it as a `RowSink`: the unique-vectors file in the artifact
+cache, in the `.partial-<key>` directory that a killed build resumes from), and only the row
+numbers and a few statistics come back to the driver (`iter_batches`), which records the finished
+blocks as before. The vectors never pass through the driver: 10M chunks of MiniLM are 15 GB that
+would otherwise cross the object store and the network into one process, and N nodes would wait
+on one writer. Batches finish in whatever order the actors finish; the row numbers travel with
+them, so order does not matter.
+
+The file is written with pwrite at its rows' byte offsets, then fsync'ed and closed before the
+batch is reported (a block is recorded done only once its rows are on disk; on NFS, a close is
+what makes writes visible to the other nodes). The artifact cache must therefore be on a
+filesystem that every node mounts at the same path and that takes concurrent writes to disjoint
+byte ranges (NFS, Lustre, GPFS, CephFS, a local disk for a one-machine cluster): a worker that
+finds no file there, or another file, fails the stage with one line. Without a sink (a caller of
+`encode_blocks` that wants the vectors themselves) the vectors come back to the driver.
 
 Only the bulk stage goes to Ray. Questions at query time (`encode_queries`) are encoded by the
 driver's own copy of the model: one question is milliseconds of work, a Ray round trip is not.
@@ -42,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from rag.cache import ArtifactCache
-from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
+from rag.embedder.sentence_transformer import RowSink, SentenceTransformerEmbedder
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -86,7 +100,8 @@ class _EncodeActor:
     embedder with the same settings: package: models, paths and the ONNX backend all work), then
     encodes the batches it is handed."""
 
-    def __init__(self, settings: dict[str, Any], threads: int | None, cache_root: str | None):
+    def __init__(self, settings: dict[str, Any], threads: int | None, cache_root: str | None,
+                 sink: dict[str, Any] | None = None):
         import ray
 
         if threads:
@@ -108,6 +123,7 @@ class _EncodeActor:
             self.error = e
         ctx = ray.get_runtime_context()
         self.worker = f"{ctx.get_node_id()}:{os.getpid()}"
+        self.sink = sink  # where the vectors go (RayEngine._sink_args); None: back to the driver
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.error is not None:
@@ -118,11 +134,42 @@ class _EncodeActor:
         vecs = np.empty((len(texts), self.embedder.dim), np.float32)
         for rows, part in self.embedder.encode_blocks(texts, len(texts)):
             vecs[rows] = part
+        out = {"row": batch["row"]}
+        if self.sink is not None:
+            self._write(np.asarray(batch["file_row"], dtype=np.int64), vecs)
+        else:
+            out["vector"] = vecs
         n = len(texts)
         cpu = time.process_time() - c0  # every thread of this actor: its share of the cores, whatever the load
         # Per row, so that the columns survive any re-blocking: CPU time shared out, wall-clock span.
-        return {"row": batch["row"], "vector": vecs, "worker": np.full(n, self.worker, dtype=object),
+        return {**out, "worker": np.full(n, self.worker, dtype=object),
                 "cpu_s": np.full(n, cpu / max(n, 1)), "t0": np.full(n, t0), "t1": np.full(n, time.time())}
+
+    def _write(self, rows: np.ndarray, vecs: np.ndarray) -> None:
+        """Each vector into its row of the sink's file; on disk, and the file closed, on return."""
+        sink = self.sink
+        path, row_bytes = sink["path"], sink["dim"] * 4
+        node = self.worker.split(":")[0]
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError as e:
+            raise RagError(f"embedder engine ray: a worker on node {node} cannot open {path} ({e.strerror}); "
+                           "the artifact cache must be on a filesystem every node mounts at the same path") from e
+        try:
+            st = os.fstat(fd)
+            if (st.st_ino, st.st_size) != (sink["inode"], sink["size"]):
+                raise RagError(f"embedder engine ray: a worker on node {node} finds another file at {path} than "
+                               "the driver's; the artifact cache must be on a filesystem every node mounts at the "
+                               "same path")
+            if vecs.shape[1] != sink["dim"]:
+                raise RagError(f"embedder engine ray: the workers' model gives {vecs.shape[1]}-dimensional vectors, "
+                               f"the driver's {sink['dim']}")
+            for row, vec in zip(rows.tolist(), vecs):
+                if os.pwrite(fd, vec, sink["offset"] + row * row_bytes) != row_bytes:
+                    raise OSError(f"short write into {path}")
+            os.fsync(fd)  # on disk before the driver records the block as done
+        finally:
+            os.close(fd)
 
 
 class RayEngine:
@@ -139,6 +186,8 @@ class RayEngine:
     (plus a cluster start for `address: null`), more than encoding a few hundred texts costs.
     The embedder's `device: auto` gives the actors one GPU each when the cluster has GPUs.
     """
+
+    writes_rows = True  # encode_blocks takes a sink (RowSink): the actors write the vectors into its file
 
     def __init__(
         self,
@@ -172,6 +221,14 @@ class RayEngine:
         cache_root = str(embedder.cache.root) if embedder.backend == "onnx" else None
         return {"settings": settings, "threads": threads, "cache_root": cache_root}
 
+    @staticmethod
+    def _sink_args(sink: RowSink) -> dict[str, Any]:
+        """What each actor needs to write into the sink's file, and to check that the file it opens
+        is the driver's (its inode number and size: a shared filesystem shows the same to all nodes)."""
+        st = os.stat(sink.path)
+        return {"path": sink.path, "offset": int(sink.offset), "dim": int(sink.dim),
+                "inode": st.st_ino, "size": st.st_size}
+
     @contextlib.contextmanager
     def _connection(self) -> Iterator[Any]:
         ray = _import_ray()
@@ -198,8 +255,11 @@ class RayEngine:
         finally:
             ray.shutdown()  # stops the instance started above, or disconnects from the cluster
 
-    def encode_blocks(self, embedder: SentenceTransformerEmbedder, texts: list[str],
-                      block: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def encode_blocks(self, embedder: SentenceTransformerEmbedder, texts: list[str], block: int,
+                      sink: RowSink | None = None) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """(rows, vectors) pairs, as the embedder's encode_blocks; with a `sink`, the actors write
+        the vectors into its file and the pairs are (rows, None). Small inputs are encoded here,
+        and their vectors come back whatever the sink."""
         if len(texts) < max(self.min_texts, 1):
             self.last_run = {"engine": "local", "texts": len(texts)}
             yield from embedder.local_blocks(texts, block)
@@ -207,10 +267,10 @@ class RayEngine:
         t0 = time.perf_counter()
         with self._connection() as ray:
             connect_s = time.perf_counter() - t0
-            yield from self._encode_on_ray(ray, embedder, texts, block, connect_s)
+            yield from self._encode_on_ray(ray, embedder, texts, block, connect_s, sink)
 
     def _encode_on_ray(self, ray: Any, embedder: SentenceTransformerEmbedder, texts: list[str], block: int,
-                       connect_s: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                       connect_s: float, sink: RowSink | None) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         gpus = ray.cluster_resources().get("GPU", 0)
         requested = str(embedder.requested_device)
         on_gpu = (requested == "auto" or requested.startswith("cuda")) and gpus > 0
@@ -219,7 +279,10 @@ class RayEngine:
         resources = {"num_gpus": 1} if on_gpu else {"num_cpus": self.num_cpus_per_worker}
         threads = None if on_gpu else max(1, int(self.num_cpus_per_worker))
 
-        frames = self._frames(embedder, texts, block)
+        frames = self._frames(embedder, texts, block, None if sink is None else sink.rows)
+        actor_args = self._actor_args(embedder, on_gpu, threads)
+        if sink is not None:
+            actor_args["sink"] = self._sink_args(sink)
         ctx = ray.data.DataContext.get_current()
         saved = (ctx.enable_progress_bars, ctx.print_on_execution_start, ctx.enable_auto_log_stats)
         ctx.enable_progress_bars = ctx.print_on_execution_start = bool(embedder.show_progress)
@@ -233,7 +296,7 @@ class RayEngine:
         try:
             ds = ray.data.from_pandas(frames).map_batches(
                 _EncodeActor,
-                fn_constructor_kwargs=self._actor_args(embedder, on_gpu, threads),
+                fn_constructor_kwargs=actor_args,
                 batch_size=self.ray_batch_size,
                 batch_format="numpy",
                 compute=ray.data.ActorPoolStrategy(size=self.num_workers),
@@ -241,7 +304,7 @@ class RayEngine:
             )
             for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
                 rows = np.asarray(batch["row"], dtype=np.int64)
-                vecs = np.ascontiguousarray(batch["vector"], dtype=np.float32)
+                vecs = None if sink is not None else np.ascontiguousarray(batch["vector"], dtype=np.float32)
                 workers.update(str(w) for w in batch["worker"])
                 actor_cpu += float(np.sum(batch["cpu_s"]))
                 span = (min(span[0], float(np.min(batch["t0"]))), max(span[1], float(np.max(batch["t1"]))))
@@ -266,6 +329,7 @@ class RayEngine:
             "gpu": on_gpu,
             "threads_per_worker": threads,
             "workers": sorted(workers),
+            "written_by_workers": done if sink is not None else 0,  # rows whose vectors never reached the driver
             "nodes": sorted({w.split(":")[0] for w in workers}),
             "connect_s": round(connect_s, 3),
             "first_vectors_s": round(first_s or 0.0, 3),  # actor start + model load + first batch
@@ -276,8 +340,10 @@ class RayEngine:
             "encoding_span_s": round(span[1] - span[0], 3),
         }
 
-    def _frames(self, embedder: SentenceTransformerEmbedder, texts: list[str], block: int) -> list[Any]:
-        """The Ray batches, as pandas frames of (row, text).
+    def _frames(self, embedder: SentenceTransformerEmbedder, texts: list[str], block: int,
+                file_rows: np.ndarray | None = None) -> list[Any]:
+        """The Ray batches, as pandas frames of (row, text), and each text's row of the sink's file
+        (`file_rows[row]`) as `file_row` when there is one.
 
         They are cut from the texts sorted by token count within blocks, as the local stage forms
         its batches (local_blocks): an actor's batch then holds texts of similar length and pads as
@@ -293,7 +359,10 @@ class RayEngine:
             order = np.argsort(-embedder.token_counts(texts[start : start + block]), kind="stable") + start
             for a in range(0, len(order), step):
                 rows = order[a : a + step].astype(np.int64)
-                frames.append(pd.DataFrame({"row": rows, "text": [texts[i] for i in rows]}))
+                frame = pd.DataFrame({"row": rows, "text": [texts[i] for i in rows]})
+                if file_rows is not None:
+                    frame["file_row"] = np.asarray(file_rows, dtype=np.int64)[rows]
+                frames.append(frame)
         return frames
 
 

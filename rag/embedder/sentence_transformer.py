@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,19 @@ def load_sentence_transformer(path: str, device: str) -> Any:
         return SentenceTransformer(path, device=device)
     except OSError as e:
         raise RagError(f"embedder model {path!r} could not be loaded: {str(e).splitlines()[0]}") from e
+
+
+@dataclass(frozen=True)
+class RowSink:
+    """The .npy that `encode_blocks` fills, offered to an engine whose workers write their vectors
+    into it themselves (`writes_rows`): float32 rows of `dim` values from byte `offset` (the header's
+    length) on; text i of encode_blocks goes to row `rows[i]`. The file exists at its full size
+    (rag.artifacts.encode_to_npy creates it before the stage)."""
+
+    path: str
+    offset: int
+    dim: int
+    rows: np.ndarray
 
 
 class SentenceTransformerEmbedder(UsesCache):
@@ -194,12 +208,25 @@ class SentenceTransformerEmbedder(UsesCache):
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         return self.encode([self.query_prefix + q for q in queries], show_progress=False)
 
-    def encode_blocks(self, texts: list[str], block: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    @property
+    def writes_rows(self) -> bool:
+        """Whether `encode_blocks` takes a `sink`: the engine's workers then write vectors into
+        the file themselves (rag.embedder.ray_data.RayEngine)."""
+        return bool(getattr(self.engine, "writes_rows", False))
+
+    def encode_blocks(self, texts: list[str], block: int,
+                      sink: RowSink | None = None) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """(rows, vectors) pairs covering every text: what the embedding stage writes into its
-        .npy (rows in any order), from the engine when there is one, else from `local_blocks`."""
-        if self.engine is not None:
+        .npy (rows in any order), from the engine when there is one, else from `local_blocks`.
+
+        `sink` offers the engine the .npy itself (when `writes_rows`): rows its workers wrote there
+        come as (rows, None), and nothing is left for the caller to write. Without such an engine
+        the sink is not used and every pair carries its vectors."""
+        if self.engine is None:
+            return self.local_blocks(texts, block)
+        if sink is None or not self.writes_rows:
             return self.engine.encode_blocks(self, texts, block)
-        return self.local_blocks(texts, block)
+        return self.engine.encode_blocks(self, texts, block, sink=sink)
 
     def local_blocks(self, texts: list[str], block: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """encode_blocks in this process. Blocks of `block` texts bound the memory of one step.

@@ -17,6 +17,7 @@ from typing import Any
 
 from rag.artifacts import load_corpus
 from rag.cache import ArtifactCache, make_key
+from rag.chunk_store import DocumentStore
 from rag.corpus.slicing import content_fingerprint
 from rag.models import resolve_model
 from rag.reranker.training.dataset import build_dataset
@@ -46,12 +47,12 @@ def training_docs(corpus: Any, cache: ArtifactCache) -> list[Document]:
         from hydra.utils import instantiate
 
         corpus = instantiate(dict(corpus), _convert_="all")
-    if isinstance(corpus, (list, tuple)) and all(isinstance(d, Document) for d in corpus):
+    if isinstance(corpus, (list, tuple, DocumentStore)) and all(isinstance(d, Document) for d in corpus):
         return list(corpus)
     if not hasattr(corpus, "load") and not getattr(corpus, "parts", None):
         raise RagError(f"reranker.train.corpus: expected a corpus, got {type(corpus).__name__}")
     docs, _ = load_corpus(corpus, cache)
-    return docs
+    return list(docs)  # a training corpus is small; the trainer indexes and samples it as a list
 
 
 class TrainingInputs:
