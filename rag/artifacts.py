@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from rag.bm25 import BM25Index
 from rag.cache import ArtifactCache, atomic_write_text, make_key
-from rag.chunk_store import ChunkStore, ChunkWriter, DocumentStore
+from rag.chunk_store import ChunkStore, ChunkWriter, DocumentStore, document_row
 from rag.corpus.slicing import check_unique_ids, content_fingerprint
 from rag.embedder.sentence_transformer import RowSink, SentenceTransformerEmbedder
 from rag.index import VectorIndex
@@ -79,9 +79,12 @@ class ChunkSet:
     @property
     def texts(self) -> list[str]:
         """The chunks' own texts: what contexts, passages and metrics read."""
+        return self._texts(0, len(self))
+
+    def _texts(self, start: int, stop: int) -> list[str]:
         if isinstance(self.chunks, ChunkStore):
-            return self.chunks.texts()
-        return [c.text for c in self.chunks]
+            return self.chunks.texts(start, stop)  # one read of the blob, not a row at a time
+        return [c.text for c in self.chunks[start:stop]]
 
     @property
     def indexed_texts(self) -> list[str]:
@@ -93,10 +96,7 @@ class ChunkSet:
         a build that must not hold every text at once consumes)."""
         for start in range(0, len(self), size):
             stop = min(len(self), start + size)
-            if isinstance(self.chunks, ChunkStore):
-                texts = self.chunks.texts(start, stop)
-            else:
-                texts = [c.text for c in self.chunks[start:stop]]
+            texts = self._texts(start, stop)
             if self.prefixes is not None:
                 texts = [f"{p}\n{t}" for p, t in zip(self.prefixes[start:stop], texts)]
             yield texts
@@ -220,19 +220,11 @@ class Artifacts:
 
         def build(tmp: Path) -> dict[str, Any]:
             writer = ChunkWriter(self.cache.partial("chunks", key))
-            resumed, n_docs = writer.docs_done, 0
+            resumed = writer.docs_done
             if resumed:
                 log.info("chunking resumes after document %d (%d chunks stored by an interrupted build)", resumed, writer.n)
-            for n_docs, doc in enumerate(tqdm(docs, desc="chunking", unit="doc", mininterval=2.0, leave=False), 1):
-                if n_docs <= resumed:
-                    continue
-                for c in chunker.split(doc):
-                    writer.add(c)
-                if n_docs % SHARD_DOCS == 0:
-                    writer.checkpoint(n_docs)
-            if n_docs < resumed:
-                raise RagError(f"chunking: the corpus has {n_docs} documents, but an interrupted build of the same "
-                               f"key had stored {resumed}; delete {self.cache.partial('chunks', key)}")
+            stream = tqdm(docs, desc="chunking", unit="doc", mininterval=2.0, leave=False)
+            n_docs = writer.add_all(stream, chunker.split, SHARD_DOCS)
             if writer.n == 0:
                 raise RagError("chunker produced no chunks: every document is empty")
             return {**writer.finish(n_docs, tmp), "resumed_docs": resumed}
@@ -399,14 +391,8 @@ def load_corpus(corpus: Any, cache: ArtifactCache) -> tuple[Sequence[Document], 
 
     def build(tmp: Path) -> dict[str, Any]:
         writer = ChunkWriter(cache.partial("corpus", key))
-        resumed, n = writer.docs_done, 0
-        for n, doc in enumerate(corpus.iter_documents(), 1):
-            if n <= resumed:
-                continue
-            writer.add_document(doc)
-            if n % SHARD_DOCS == 0:
-                writer.checkpoint(n)
-        stored = writer.finish(n, tmp)
+        resumed = writer.docs_done
+        stored = writer.finish(writer.add_all(corpus.iter_documents(), document_row, SHARD_DOCS), tmp)
         return {"n_docs": stored["n_docs"], "resumed_docs": resumed, "skipped": list(getattr(corpus, "skipped", []) or [])}
 
     art = cache.get_or_build("corpus", key, build, inputs=fingerprint)
@@ -509,11 +495,10 @@ class BlockLog:
         shape = (self.n, self.dim)
         if self.dir is not None and file.is_file():
             try:
-                record = json.loads((self.dir / "blocks.json").read_text())
+                done = self._read(self.dir, self.n, self.dim)
                 out = np.lib.format.open_memmap(file, mode="r+")
-                if (out.shape, out.dtype, record.get("n"), record.get("dim"), record.get("block")) == \
-                        (shape, np.float32, self.n, self.dim, ENCODE_BLOCK):
-                    self.done = {int(b) for b in record["done"] if 0 <= int(b) < len(self.count)}
+                if done is not None and (out.shape, out.dtype) == (shape, np.float32):
+                    self.done = done
                     for b in self.done:
                         self.count[b] = self._size(b)
                     self.restored = len(self.done)
@@ -528,14 +513,22 @@ class BlockLog:
         return np.lib.format.open_memmap(file, mode="w+", dtype=np.float32, shape=shape)
 
     @staticmethod
-    def recorded(directory: Path | None, n: int) -> set[int]:
+    def _read(directory: Path, n: int, dim: int | None) -> set[int] | None:
+        """The finished blocks blocks.json records for `n` texts of `dim` values (any dimension
+        when None), or None when it records another build; errors are the caller's."""
+        record = json.loads((directory / "blocks.json").read_text())
+        if (record["n"], record["block"]) != (n, ENCODE_BLOCK) or dim not in (None, record["dim"]):
+            return None
+        return {int(b) for b in record["done"] if 0 <= int(b) < -(-n // ENCODE_BLOCK)}
+
+    @classmethod
+    def recorded(cls, directory: Path | None, n: int) -> set[int]:
         """The blocks an interrupted build of `n` unique texts recorded in `directory` (what a
         rerun will not encode again; the dry run counts the rest). The dimension is not checked:
         it is known only once the model answers."""
         try:
-            record = json.loads((directory / "blocks.json").read_text())
-            if (record["n"], record["block"]) == (n, ENCODE_BLOCK) and (directory / "unique.npy").is_file():
-                return {int(b) for b in record["done"] if 0 <= int(b) < -(-n // ENCODE_BLOCK)}
+            if (directory / "unique.npy").is_file():
+                return cls._read(directory, n, None) or set()
         except (OSError, ValueError, KeyError, TypeError):
             pass
         return set()

@@ -33,6 +33,7 @@ import numpy as np
 
 from rag import bm25_maxscore as maxscore
 from rag.bm25_maxscore import MaxImpacts
+from rag.cache import atomic_write_text
 from rag.types import Hits, RagError
 
 log = logging.getLogger(__name__)
@@ -410,10 +411,8 @@ def _recorded(work: Path, tokenizer: dict[str, bool]) -> tuple[_Pass1, dict[str,
 
 
 def _record(work: Path, done: _Pass1, tokenizer: dict[str, bool]) -> None:
-    """progress.json replaced whole (write then rename), so a kill leaves the old record or the new."""
-    tmp = work / (_PROGRESS + ".tmp")
-    tmp.write_text(json.dumps({"format": _PROGRESS_FORMAT, "tokenizer": tokenizer, **asdict(done)}))
-    os.replace(tmp, work / _PROGRESS)
+    """progress.json replaced whole, so a kill leaves the old record or the new."""
+    atomic_write_text(work / _PROGRESS, json.dumps({"format": _PROGRESS_FORMAT, "tokenizer": tokenizer, **asdict(done)}))
 
 
 def _skip_done(batches: Iterable[list[str]], done: _Pass1) -> Iterator[list[str]]:

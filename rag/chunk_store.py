@@ -1,8 +1,8 @@
 """Chunks on disk, read by row: the chunks artifact's format, and the corpus artifact's.
 
 Ten million chunks held as `Chunk` records take about 10 GB of Python objects; here they take
-their own bytes. Texts and document ids are two UTF-8 blobs with an int64 end offset per row;
-start, end, position and a source code per row are fixed-width columns. Every file is
+their own bytes. Texts, document ids and metadata (JSON) are UTF-8 blobs with an int64 end offset
+per row; start, end, position and a source code per row are fixed-width columns. Every file is
 memory-mapped, so a run that asks for a few thousand chunks (contexts, passages, metrics) reads a
 few thousand rows, and the kernel's page cache, not the process, holds the rest.
 
@@ -11,22 +11,24 @@ documents, how long every file was; a build killed with SIGKILL truncates its fi
 record and goes on from the next document (rag.artifacts). `ChunkStore` reads a finished set.
 
 A corpus is stored in the same files, each document as one row holding its whole text
-(`ChunkWriter.add_document`), and read back as documents by `DocumentStore`.
+(`document_row`), and read back as documents by `DocumentStore`.
 """
 from __future__ import annotations
 
 import json
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
 from rag.cache import atomic_write_text
-from rag.types import Chunk, Document
+from rag.types import Chunk, Document, RagError
+
+T = TypeVar("T")
 
 FORMAT = "ragrig-chunks/1"
 STORE_FILE = "chunks.json"  # what is stored: the format, the number of rows, the source names
@@ -90,9 +92,22 @@ class ChunkWriter:
         c["source.u16"].append(code)
         self.n += 1
 
-    def add_document(self, doc: Document) -> None:
-        """A document as one row: its whole text, start 0, end its length in characters."""
-        self.add(Chunk(f"{doc.id}#0", doc.id, doc.text, doc.source, 0, len(doc.text), 0, doc.meta))
+    def add_all(self, docs: Iterable[Document], rows: Callable[[Document], Iterable[Chunk]], shard: int) -> int:
+        """Add the rows of each document (`rows(doc)`: its chunks, or `document_row`), recording
+        progress every `shard` documents; the documents an earlier writer recorded are skipped,
+        not turned into rows again. Returns the number of documents."""
+        n = 0
+        for n, doc in enumerate(docs, 1):
+            if n <= self.docs_done:
+                continue
+            for row in rows(doc):
+                self.add(row)
+            if n % shard == 0:
+                self.checkpoint(n)
+        if n < self.docs_done:
+            raise RagError(f"{self.dir}: an interrupted build recorded {self.docs_done} documents, but its input "
+                           f"has {n}; delete that directory")
+        return n
 
     def checkpoint(self, docs_done: int) -> None:
         """Append the buffered rows and record that the first `docs_done` documents are stored.
@@ -120,7 +135,38 @@ class ChunkWriter:
         return {"n_chunks": self.n, "n_docs": docs_done}
 
 
-class ChunkStore(Sequence[Chunk]):
+def document_row(doc: Document) -> tuple[Chunk]:
+    """A document as one row of a store: its whole text, start 0, end its length in characters."""
+    return (Chunk(f"{doc.id}#0", doc.id, doc.text, doc.source, 0, len(doc.text), 0, doc.meta),)
+
+
+class _Rows(Sequence[T]):
+    """A sequence whose items are built one row at a time by `_row`."""
+
+    def _row(self, i: int) -> T:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[T]: ...
+
+    def __getitem__(self, i: int | slice) -> T | list[T]:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self._row(j) for j in range(*i.indices(n))]
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"row {i} out of range for {n} rows")
+        return self._row(i)
+
+    def __iter__(self) -> Iterator[T]:
+        return (self._row(i) for i in range(len(self)))
+
+
+class ChunkStore(_Rows[Chunk]):
     """The chunks of a finished store, read by row (`store[i]` builds one `Chunk`)."""
 
     def __init__(self, directory: Path):
@@ -136,27 +182,12 @@ class ChunkStore(Sequence[Chunk]):
     def __len__(self) -> int:
         return self.n
 
-    @overload
-    def __getitem__(self, i: int) -> Chunk: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Chunk]: ...
-
-    def __getitem__(self, i: int | slice) -> Chunk | list[Chunk]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.n))]
-        i = int(i)
-        if i < 0:
-            i += self.n
-        if not 0 <= i < self.n:
-            raise IndexError(f"chunk row {i} out of range for {self.n} chunks")
+    def _row(self, i: int) -> Chunk:
         doc_id = self.doc_id(i)
         position = int(self.cols["position"][i])
         return Chunk(id=f"{doc_id}#{position}", doc_id=doc_id, text=self.text(i),
                      source=self.source_names[self.cols["source"][i]], start=int(self.cols["start"][i]),
                      end=int(self.cols["end"][i]), position=position, meta=self.meta(i))
-
-    def __iter__(self) -> Iterator[Chunk]:
-        return (self[i] for i in range(self.n))
 
     def _span(self, ends: np.ndarray, i: int) -> tuple[int, int]:
         return (int(ends[i - 1]) if i else 0), int(ends[i])
@@ -215,8 +246,8 @@ def _map_blob(path: Path) -> bytes | mmap.mmap:
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-class DocumentStore(Sequence[Document]):
-    """The documents of a corpus stored by `ChunkWriter.add_document`, read by row."""
+class DocumentStore(_Rows[Document]):
+    """The documents of a corpus stored as `document_row`s, read by row."""
 
     def __init__(self, directory: Path):
         self.rows = ChunkStore(directory)
@@ -224,16 +255,6 @@ class DocumentStore(Sequence[Document]):
     def __len__(self) -> int:
         return len(self.rows)
 
-    @overload
-    def __getitem__(self, i: int) -> Document: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Document]: ...
-
-    def __getitem__(self, i: int | slice) -> Document | list[Document]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        c = self.rows[i]
+    def _row(self, i: int) -> Document:
+        c = self.rows._row(i)
         return Document(c.doc_id, c.text, c.source, c.meta)
-
-    def __iter__(self) -> Iterator[Document]:
-        return (self[i] for i in range(len(self)))

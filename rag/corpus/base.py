@@ -270,6 +270,11 @@ def text_field(obj: dict[str, Any], field: str, where: str, *, required: bool = 
 
 def check_documents(docs: Sequence[Document], origin: str) -> list[Document]:
     """Reject empty texts and duplicate ids; `origin` names the input in the message."""
+    return list(checked_documents(docs, origin))
+
+
+def checked_documents(docs: Iterable[Document], origin: str) -> Iterator[Document]:
+    """check_documents on a stream: each document passed on once it is checked."""
     seen: set[str] = set()
     for d in docs:
         if not d.text.strip():
@@ -277,7 +282,7 @@ def check_documents(docs: Sequence[Document], origin: str) -> list[Document]:
         if d.id in seen:
             raise RagError(f"{origin}: duplicate document id {d.id!r}")
         seen.add(d.id)
-    return list(docs)
+        yield d
 
 
 def normalize_space(text: str) -> str:

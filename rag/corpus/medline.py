@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from rag.corpus.base import Corpus, as_path, file_fingerprint, normalize_space, text_value
+from rag.corpus.base import Corpus, as_path, checked_documents, file_fingerprint, normalize_space, text_value
 from rag.corpus.pubmedqa import pmid_id
 from rag.types import Document, RagError
 
@@ -113,15 +113,16 @@ class MedlineCorpus(Corpus):
     def iter_documents(self) -> Iterator[Document]:
         """The articles file by file, each file parsed as a stream (gunzipped as it is read)."""
         self.skipped = []
+        yield from checked_documents(self._articles(), "MedlineCorpus")
+
+    def _articles(self) -> Iterator[Document]:
         origin: dict[str, str] = {}
         files = self.paths
         for path in files:
             for doc in self._read(path):
-                if doc.id in origin:
+                if doc.id in origin:  # named with the files, before checked_documents' plainer message
                     where = "earlier in the file" if origin[doc.id] == str(path) else f"also in {origin[doc.id]}"
                     raise RagError(f"{path}: duplicate article {doc.id} ({where})")
-                if not doc.text.strip():
-                    raise RagError(f"MedlineCorpus: document {doc.id!r} has empty text")
                 origin[doc.id] = str(path)
                 yield doc
         if not origin:
