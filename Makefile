@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup infinity demo seed test test-chroma test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean
+.PHONY: setup infinity demo check-demo docs docs-serve test-docs seed test test-chroma test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean openvino test-openvino
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -25,8 +25,34 @@ setup: $(STAMP)
 
 # v1..v4 on the embedded default slice as one multirun (conf/sweep/demo.yaml); it ends by printing
 # the verdict against v1 and where the summary, charts and report were written.
+# Its output also goes to outputs/demo.log, which `make check-demo` compares with the README's
+# verdict block; the status file keeps the run's exit status through the pipe (sh has no pipefail).
 demo: setup
-	$(PYTHON) run.py -m sweep=demo
+	@mkdir -p outputs
+	{ PYTHONUNBUFFERED=1 $(PYTHON) run.py -m sweep=demo 2>&1; echo $$? > outputs/.demo-status; } | tee outputs/demo.log; \
+	    exit $$(cat outputs/.demo-status)
+
+# The README's verdict block against the last `make demo`'s outputs/demo.log (CI runs it after make demo).
+check-demo:
+	$(PYTHON) -m pytest -q -m demo tests/test_docs.py
+
+# The documentation site (mkdocs.yml): built with --strict into site/, or served on 127.0.0.1:8000.
+# After setup: the docs extra would otherwise pull an unpinned (CUDA) torch with the project.
+DOCS_STAMP := outputs/.docs-setup-done
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(PIP) install --quiet -e ".[docs]"
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
+
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs serve --dev-addr 127.0.0.1:8000
+
+# The commands the docs mark with <!-- docs-test: run --> (tests/test_docs.py), run as written on
+# the toy corpus in examples/; a few minutes.
+test-docs: setup
+	$(PYTHON) -m pytest -q -m docs tests/test_docs.py
 
 # Rebuilds data/seed/ (what a cold demo would compute from the shipped data: chunk vectors and the
 # cross-encoder's scores; data/seed/README.md): the demo with an empty cache and no seed, then its
@@ -95,6 +121,26 @@ $(INFINITY):
 	$(PYTHON) -m venv .venv-infinity
 	.venv-infinity/bin/pip install --quiet "torch==$(TORCH_VERSION)"
 	.venv-infinity/bin/pip install --quiet "infinity-emb[server,torch]==0.0.78"
+
+# llm=openvino (rag/llm/openvino.py): the OpenVINO GenAI runtime here (the openvino extra), and
+# optimum-intel, which exports a model to OpenVINO IR once, in a virtual environment of its own
+# (it pins transformers below the project's; ~1.6 GB, a few minutes). torch stays the pinned CPU
+# build; PyPI's torchvision, which optimum-intel pulls in, needs CUDA and breaks `import
+# transformers` there, so it is removed (nothing in the export uses it).
+OPENVINO_EXPORT := .venv-openvino/bin/optimum-cli
+openvino: setup $(OPENVINO_EXPORT)
+	$(PIP) install --quiet -e ".[openvino]"
+$(OPENVINO_EXPORT):
+	$(PYTHON) -m venv .venv-openvino
+	.venv-openvino/bin/pip install --quiet "torch==$(TORCH_VERSION)"
+	echo "torch==$(TORCH_VERSION)" > .venv-openvino/constraints.txt
+	.venv-openvino/bin/pip install --quiet -c .venv-openvino/constraints.txt "optimum-intel[openvino]==2.2.0"
+	.venv-openvino/bin/pip uninstall --yes --quiet torchvision || true
+
+# llm=openvino's export and its answers against llm=smollm2's fp32 ones (tests/test_openvino.py,
+# marker openvino; the first export takes a minute or two). CI runs it.
+test-openvino: openvino
+	$(PYTHON) -m pytest -q -m openvino tests/test_openvino.py tests/test_benchmarks.py
 
 # report.html opened in headless Chromium (tests/test_browser.py, marker browser): installs
 # Debian's chromium and chromium-driver when missing (as root, with apt-get) and the browser extra

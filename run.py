@@ -77,31 +77,43 @@ _task_started = False  # errors before the task are Hydra's (composing the confi
 def main(cfg: DictConfig) -> float:
     global _task_started
     _task_started = True
+    # Only light imports before the directory is claimed: a library logging as it loads (faiss)
+    # would write run.log into a directory the run then refuses.
     from rag import rundir
-    from rag.output import format_table
-    from rag.cache import storage_fault
-    from rag.pipeline import run
-    from rag.settings import load
+    from rag.logs import FILE_ONLY
+    from rag.secrets import redact
     from rag.types import RagError
-
-    _quiet_loaders()
 
     hc = HydraConfig.get()
     output_dir = hc.runtime.output_dir
     multirun = hc.mode == RunMode.MULTIRUN
+    refused = _secret_line(cfg, list(hc.overrides.task))
+    if refused:  # (the callbacks refuse it before Hydra writes anything; this covers a run without them)
+        print(f"ragrig: error: {refused}", file=sys.stderr)
+        if multirun:
+            return float("nan")
+        sys.exit(2)
     try:
         rundir.claim(output_dir, hc.sweep.dir if multirun else None, hc.job.num if multirun else None)
+        rundir.write_hydra_record(output_dir, _hydra_record(cfg))
     except OSError as e:
         print(f"ragrig: error: {_storage_line(e)}", file=sys.stderr)
         if multirun:
             return float("nan")
         sys.exit(2)
     except RagError as e:
-        # Another live run owns the directory: write nothing into it, not even a failure record.
+        # Another live run owns the directory, or it holds files no ragrig run wrote: write
+        # nothing into it, not even a failure record.
         print(f"ragrig: error: {e}", file=sys.stderr)
         if multirun:
             return float("nan")
         sys.exit(2)
+    from rag.cache import storage_fault
+    from rag.output import format_table
+    from rag.pipeline import run
+    from rag.settings import load
+
+    _quiet_loaders()
     try:
         # The door: the composed config becomes typed, checked settings; nothing below reads cfg.
         result = run(load(cfg), output_dir)
@@ -111,19 +123,23 @@ def main(cfg: DictConfig) -> float:
             from experiments.tracking import job_failure, write_json
 
             failure = job_failure(e)
-            failure["overrides"] = list(hc.overrides.task)
+            failure["message"] = redact(str(failure["message"]))
+            failure["overrides"] = [redact(str(o)) for o in hc.overrides.task]
             write_json(Path(output_dir) / "failure.json", failure)
+            # the terminal is told in one line below; the log keeps the record (and a traceback)
             if isinstance(e, RagError):
-                log.error("job %s failed: %s", hc.job.num, failure["message"])
+                log.error("job %s failed: %s", hc.job.num, failure["message"], extra=FILE_ONLY)
             else:
-                log.exception("job %s failed: %s: %s", hc.job.num, failure["error_type"], failure["message"])
-            print(f"ragrig: job {hc.job.num} failed: {failure['error_type']}: {failure['message']}", file=sys.stderr)
+                log.exception("job %s failed: %s: %s", hc.job.num, failure["error_type"], failure["message"],
+                              extra=FILE_ONLY)
+            where = "" if isinstance(e, RagError) else f" (traceback: {Path(output_dir) / rundir.LOG_FILE})"
+            print(f"ragrig: job {hc.job.num} failed: {failure['error_type']}: {failure['message']}{where}", file=sys.stderr)
             _track(cfg, output_dir, failure=failure)
             return float("nan")
         if isinstance(e, RagError) or storage_fault(e) is not None:
             # A user error gets one line, not a traceback from deep inside a library.
-            line = str(e) if isinstance(e, RagError) else _storage_line(e)
-            log.error("error: %s", line)
+            line = redact(str(e) if isinstance(e, RagError) else _storage_line(e))
+            log.error("error: %s", line, extra=FILE_ONLY)  # the terminal's one line is the next
             print(f"ragrig: error: {line}", file=sys.stderr)
             sys.exit(2)
         raise
@@ -133,6 +149,28 @@ def main(cfg: DictConfig) -> float:
     print(f"results: {output_dir}")
     _track(cfg, output_dir, result=result)
     return float(result["objective"]["value"])
+
+
+def _secret_line(cfg: DictConfig, overrides: list[str]) -> str | None:
+    """The refusal of a secret-looking value in the config or the overrides (rag.secrets), or None."""
+    from omegaconf import OmegaConf
+
+    from rag.secrets import config_problem
+
+    return config_problem({**OmegaConf.to_container(cfg, resolve=False), "hydra": {"overrides": {"task": overrides}}})
+
+
+def _hydra_record(cfg: DictConfig) -> dict[str, str]:
+    """Hydra's record of the job (what it writes into .hydra/ unless `hydra.output_subdir` is null),
+    every string passed through rag.secrets.redact."""
+    from omegaconf import OmegaConf
+
+    from rag.secrets import redacted_data
+
+    nodes = {"config.yaml": cfg, "hydra.yaml": HydraConfig.instance().cfg,
+             "overrides.yaml": HydraConfig.get().overrides.task}
+    return {name: OmegaConf.to_yaml(OmegaConf.create(redacted_data(OmegaConf.to_container(node, resolve=False))))
+            for name, node in nodes.items()}
 
 
 def _output_dir() -> str | None:
@@ -167,7 +205,14 @@ def cli() -> int:
     group option, an override that does not parse or names no key) become one line and exit
     status 2 instead of Hydra's multi-line report; Ctrl-C is one line and 130."""
     from rag.config import config_error_line, is_config_error
+    from rag.secrets import override_problem
 
+    # A secret on the command line is refused before Hydra sees it (--cfg would print it, a run
+    # would record it); a secret in a config file is the callbacks' (experiments.callbacks).
+    refused = next(filter(None, (override_problem(a) for a in sys.argv[1:] if "=" in a and not a.startswith("-"))), None)
+    if refused:
+        print(f"ragrig: error: {refused}", file=sys.stderr)
+        return 2
     user_full_error = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra raise them to us rather than print them
     try:
@@ -202,4 +247,6 @@ def cli() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    from rag.cli import run_cli  # a closed pipe (| head) keeps the real exit status
+
+    run_cli(cli)

@@ -32,6 +32,7 @@ FAMILIES = {
     "serving": "benchmarks.serving:bench_serving",  # skips, with its reason, without the serving extra
     "served_models": "benchmarks.served_models:bench_served_models",  # skips without Infinity (make infinity)
     "generation_speed": "benchmarks.generation_speed:bench_generation_speed",
+    "openvino_generation": "benchmarks.openvino_generation:bench_openvino_generation",
     "retrieval_latency": "benchmarks.retrieval_latency:bench_retrieval_latency",
     "alpha_sweep": "benchmarks.sweeps:bench_alpha_sweep",
     "grid_sweep": "benchmarks.sweeps:bench_grid_sweep",

@@ -148,6 +148,9 @@ def _run(args: argparse.Namespace, names: list[str], done: list[str]) -> int:
 HEADLINE_KEYS = {  # key -> (results.json under --out: the sweeps', or families/results.json; family; key)
     "generation_speedup": ("families", "generation_speed", "generation_speedup"),
     "generation_identical_share": ("families", "generation_speed", "generation_identical_share"),
+    # llm=openvino (int8, OpenVINO GenAI) against llm=smollm2 (fp32, torch), same decoding
+    "generation_speedup_openvino": ("families", "openvino_generation", "generation_speedup_openvino"),
+    "openvino_identical_share": ("families", "openvino_generation", "openvino_identical_share"),
     "embed_speedup": ("families", "onnx", "embed_speedup"),
     "alpha_sweep_ratio": ("sweeps", "alpha_sweep", "alpha_sweep_ratio"),
     "grid_sweep_ratio": ("sweeps", "grid_sweep", "grid_sweep_ratio"),

@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from experiments import metric_info as MI
 from rag.result import RunResult
 from rag.rundir import belongs_to_sweep, read_sweep_stamp
 
@@ -255,14 +256,27 @@ def run_params(rec: RunRecord, keys: list[str]) -> dict[str, Any]:
         elif key in rec.choices:
             out[key] = rec.choices[key]
         else:
-            v = config_value(rec.config, key)
-            if isinstance(v, dict):
-                target = v.get("_target_")
-                v = str(target).rsplit(".", 1)[-1] if target else json.dumps(v, sort_keys=True)
-            elif isinstance(v, list):
-                v = json.dumps(v)
-            out[key] = v
+            out[key] = param_value(config_value(rec.config, key))
     return out
+
+
+def param_value(v: Any) -> Any:
+    """A config node as one comparable value: a component by its class name."""
+    if isinstance(v, dict):
+        target = v.get("_target_")
+        return str(target).rsplit(".", 1)[-1] if target else json.dumps(v, sort_keys=True)
+    if isinstance(v, list):
+        return json.dumps(v)
+    return v
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Two parameter values are the same setting ('0.50' from an override and 0.5 from a config)."""
+    a, b = coerce(a), coerce(b)
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    if numbers:
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
 
 
 def param_keys(records: list[RunRecord]) -> list[str]:
@@ -403,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     df, varying, metrics = summary_frame(records)
-    print(markdown_table(df, ["job", "label", "status"] + metrics + ["error"]))
+    ks = {config_value(r.config, "eval.k") for r in records} - {None}
+    names = {m: MI.label(m, ks.pop() if len(ks) == 1 else "k") for m in metrics}
+    print(markdown_table(df.rename(columns=names), ["job", "label", "status"] + list(names.values()) + ["error"]))
     print()
     print(markdown_table(df, ["label"] + [c for c in df.columns if c.startswith("t_")], digits=2))
     return 0

@@ -7,7 +7,8 @@ headline table and where those files are: the multirun's last words on the termi
 run for the sweep when tracking is on. It is imported for every run, so it imports nothing heavy
 until a multirun ends.
 
-`on_multirun_start` stamps the sweep directory with a fresh id (rag.rundir): the summary covers
+`on_run_start` and `on_multirun_start` refuse a secret-looking value (rag.secrets) before Hydra
+writes anything. `on_multirun_start` stamps the sweep directory with a fresh id (rag.rundir): the summary covers
 exactly the jobs of this multirun, also in a reused `hydra.sweep.dir`. `sweep_exit_status()` is
 what run.py exits with after a multirun: 1 when every job failed (or, with `report.fail_on=any`,
 when any job failed), else 0.
@@ -54,11 +55,15 @@ class SweepSummaryCallback(Callback):
         self.enabled = enabled
         self.defaults = {"baseline": baseline, "formats": list(formats), "charts": charts, "html": html}
 
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_secrets(config)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from rag.rundir import write_sweep_stamp
 
         global _exit_status
         _exit_status = 0
+        refuse_secrets(config)
         write_sweep_stamp(str(config.hydra.sweep.dir))
         try:
             tracker = _tracker(config)
@@ -86,6 +91,21 @@ class SweepSummaryCallback(Callback):
             log.warning("tracking: could not close the sweep's run (%s: %s)", type(e).__name__, e)
 
 
+def refuse_secrets(config: DictConfig) -> None:
+    """Stops the command (one line, exit status 2) when the composed config or an override holds
+    a secret-looking value (rag.secrets): called before Hydra writes anything (the run's directory,
+    a sweep's multirun.yaml, the jobs' overrides on the terminal). SystemExit, since Hydra turns a
+    callback's exceptions into warnings and carries on."""
+    import sys
+
+    from rag.secrets import config_problem
+
+    line = config_problem(OmegaConf.to_container(config, resolve=False))
+    if line:
+        print(f"ragrig: error: {line}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def report_dry_sweep(sweep_dir: Path) -> int:
     """A dry sweep's last words: the jobs' plans as one (rag.plan.combine), printed and written to
     the sweep's dry_run.json; 1 when no job made a plan."""
@@ -105,6 +125,8 @@ def report_dry_sweep(sweep_dir: Path) -> int:
 def write_sweep_summary(sweep_dir: Path, settings: dict[str, Any] | None = None) -> list[Path]:
     """Builds the report of every job under `sweep_dir` into `sweep_dir`. Never raises: a broken
     summary must not turn a finished sweep into a failed command."""
+    import sys
+
     try:
         from experiments.aggregate import load_records
         from experiments.report import ReportSettings
@@ -131,8 +153,13 @@ def write_sweep_summary(sweep_dir: Path, settings: dict[str, Any] | None = None)
         print(f"sweep summary: {len(rep.frame)} jobs ({n_failed} failed)")
         print(rep.terminal(), flush=True)
         return rep.files
-    except Exception:
-        log.exception("sweep summary failed for %s", sweep_dir)
+    except Exception as e:
+        from rag.types import RagError
+
+        if isinstance(e, RagError):  # a file of the user's where the summary would go: left alone
+            print(f"ragrig: the sweep's summary was not written: {e}", file=sys.stderr)
+        else:
+            log.exception("sweep summary failed for %s", sweep_dir)
         return []
 
 

@@ -23,6 +23,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
+from experiments import chart_rules as R
 from experiments import metric_info as MI
 
 if TYPE_CHECKING:
@@ -195,29 +196,37 @@ def _grid(df: pd.DataFrame, x_key: str, y_key: str, value: str) -> tuple[list[An
 
 
 def _heatmap(ax: Any, fig: Figure, xs: list[Any], ys: list[Any], grid: np.ndarray, failed: np.ndarray,
-             x_label: str, y_label: str, cbar_label: str, fontsize: float = 9, digits: int = 3,
-             reverse: bool = False) -> None:
-    """Annotated heatmap; `reverse` (lower-is-better metrics) keeps "brighter is better"."""
+             x_label: str, y_label: str, cbar_label: str, limits: tuple[float, float], fontsize: float = 9,
+             digits: int = 3, reverse: bool = False, marks: dict[tuple[int, int], str] | None = None) -> None:
+    """Annotated heatmap on fixed `limits` (chart_rules.value_limits); `reverse` (lower-is-better
+    metrics) keeps "brighter is better"; `marks` frames the baseline's cell and the cells that
+    differ significantly from it, and names the change in the cell."""
     from matplotlib.patches import Rectangle
 
-    finite = grid[np.isfinite(grid)]
-    vmin, vmax = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
-    if vmin == vmax:
-        vmin, vmax = vmin - 0.05, vmax + 0.05
+    vmin, vmax = limits
     cmap = matplotlib.colormaps[CMAP + ("_r" if reverse else "")].with_extremes(bad="white")
     im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", origin="lower")
     for i in range(len(ys)):
         for j in range(len(xs)):
             v = grid[i, j]
+            word = (marks or {}).get((i, j), "")
             if np.isfinite(v):
                 r, g, b, _ = cmap((v - vmin) / (vmax - vmin))
-                light = 0.299 * r + 0.587 * g + 0.114 * b > 0.5
-                ax.text(j, i, f"{v:.{digits}f}", ha="center", va="center", fontsize=fontsize,
-                        color="black" if light else "white", fontweight="bold")
+                ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+                text = f"{v:.{digits}f}" + (f"\n{word}" if word else "")
+                ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color=ink, fontweight="bold",
+                        linespacing=1.15)
             else:
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="xxx", edgecolor="0.4", linewidth=0))
                 ax.text(j, i, "failed" if failed[i, j] else "n/a", ha="center", va="center", fontsize=fontsize,
                         color="black", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+            if word in ("better", "worse"):  # a frame that shows on dark and bright cells alike
+                ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, edgecolor="black", linewidth=4.5))
+                ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False,
+                                       edgecolor=R.BETTER if word == "better" else R.WORSE, linewidth=2.2))
+            elif word == "baseline":
+                ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, edgecolor="white",
+                                       linewidth=1.6, linestyle=(0, (3, 2))))
     ax.set_xticks(range(len(xs)), [_fmt_tick(v) for v in xs])
     ax.set_yticks(range(len(ys)), [_fmt_tick(v) for v in ys])
     ax.set_xlabel(x_label)
@@ -225,6 +234,15 @@ def _heatmap(ax: Any, fig: Figure, xs: list[Any], ys: list[Any], grid: np.ndarra
     cb = fig.colorbar(im, ax=ax, shrink=0.9)
     cb.set_label(cbar_label, fontsize=fontsize)
     cb.ax.tick_params(labelsize=fontsize - 1)
+
+
+def _marks(df: pd.DataFrame, x_key: str, y_key: str, metric: str, comparison: pd.DataFrame | None,
+           baseline: str | None) -> dict[tuple[int, int], str]:
+    xs, ys, _, _ = _grid(df, x_key, y_key, metric)
+    return R.cell_changes(df, x_key, y_key, xs, ys, R.significant_changes(comparison, metric), baseline)
+
+
+MARK_NOTE = "framed cells: significantly better (blue) or worse (vermilion) than the baseline (dashed)"
 
 
 def grid_heatmaps(
@@ -238,40 +256,81 @@ def grid_heatmaps(
     unit: str = "characters",
     others: list[str] | None = None,
     formats: Iterable[str] = FORMATS,
+    comparison: pd.DataFrame | None = None,
+    baseline: str | None = None,
 ) -> list[Path]:
-    """The objective over (x_key, y_key), annotated; then one small heatmap per metric."""
-    paths: list[Path] = []
+    """grid_heatmap and grid_heatmap_metrics (grid_heatmap_figures), saved."""
+    figs = grid_heatmap_figures(df, x_key, y_key, objective, metrics, k, unit, others, comparison, baseline)
+    return [p for name, fig in figs.items() for p in save(fig, out_dir, name, formats)]
+
+
+def grid_heatmap_figures(
+    df: pd.DataFrame,
+    x_key: str,
+    y_key: str,
+    objective: str,
+    metrics: list[str],
+    k: Any = "k",
+    unit: str = "characters",
+    others: list[str] | None = None,
+    comparison: pd.DataFrame | None = None,
+    baseline: str | None = None,
+) -> dict[str, Figure]:
+    """The objective over (x_key, y_key), annotated; then one small heatmap per metric (and the
+    retrieval latency). Colours span each metric's natural range, shared by every 0–1 metric, so
+    a difference inside the noise looks small; cells that differ significantly from the baseline
+    (`comparison`, experiments.verdict) are framed and say whether better or worse."""
+    figs: dict[str, Figure] = {}
     over = f" (mean over {', '.join(others)})" if others else ""
     xs, ys, grid, failed = _grid(df, x_key, y_key, objective)
     fig = _new_figure(max(6.4, 1.6 + 1.1 * len(xs)), max(4.2, 1.7 + 0.7 * len(ys)))
     ax = fig.add_subplot()
+    marks = _marks(df, x_key, y_key, objective, comparison, baseline)
     _heatmap(ax, fig, xs, ys, grid, failed, param_label(x_key, unit), param_label(y_key, unit),
-             metric_label(objective, k, unit=True), fontsize=10, reverse=MI.lower_is_better(objective))
+             metric_label(objective, k, unit=True), R.value_limits(objective, grid.ravel()), fontsize=10,
+             reverse=MI.lower_is_better(objective), marks=marks)
     ok = df[df["status"] == "ok"]
     note = ""
     if f"{objective}_ci_low" in ok and len(ok):
         half = float(np.nanmedian((ok[f"{objective}_ci_high"] - ok[f"{objective}_ci_low"]) / 2))
         nq = _n_questions(ok, [objective])
-        note = f"\n({nq} questions per cell; typical 95% CI ±{half:.3f})"
+        note = f"\n{nq} questions per cell; typical 95% CI ±{half:.3f}; colours span the metric's full range"
+    if any(w in ("better", "worse") for w in marks.values()):
+        note += "\n" + MARK_NOTE
+    elif baseline and marks:
+        note += "\nno cell differs significantly from the baseline (dashed frame)"
     ax.set_title(f"Grid sweep: {metric_label(objective, k)} (objective) by {param_label(y_key, unit).split(' (')[0]}"
-                 f" × {param_label(x_key, unit).split(' (')[0]}{over}{note}", fontsize=10.5)
-    paths += save(fig, out_dir, "grid_heatmap", formats)
+                 f" × {param_label(x_key, unit).split(' (')[0]}{over}{note}", fontsize=10)
+    figs["grid_heatmap"] = fig
 
     ms = [m for m in metrics if m in df and df[m].notna().any()]
+    if MI.LATENCY in df and df[MI.LATENCY].notna().any() and MI.LATENCY not in ms:
+        ms.append(MI.LATENCY)
     if ms:
+        grids = {m: _grid(df, x_key, y_key, m) for m in ms}
+        limits = R.family_limits({m: grids[m][2].ravel().tolist() for m in ms})
         ncols = min(3, len(ms))
         nrows = math.ceil(len(ms) / ncols)
-        fig = _new_figure(4.7 * ncols, 3.3 * nrows + 0.5)
+        fig = _new_figure(4.7 * ncols, 3.3 * nrows + 0.7)
+        any_mark = False
         for idx, m in enumerate(ms):
             ax = fig.add_subplot(nrows, ncols, idx + 1)
-            xs, ys, grid, failed = _grid(df, x_key, y_key, m)
+            xs, ys, grid, failed = grids[m]
+            marks = _marks(df, x_key, y_key, m, comparison, baseline)
+            any_mark |= any(w in ("better", "worse") for w in marks.values())
             _heatmap(ax, fig, xs, ys, grid, failed, param_label(x_key, unit), param_label(y_key, unit),
-                     metric_label(m, k, unit=True), fontsize=7.5, digits=2, reverse=MI.lower_is_better(m))
+                     metric_label(m, k, unit=True), limits[m], fontsize=7.5, digits=MI.info(m).decimals - 1,
+                     reverse=MI.lower_is_better(m), marks=marks)
             ax.set_title(metric_label(m, k), fontsize=9.5)
-        note = f"; {MI.LOWER_NOTE} (its colours reversed: brighter is better)" if any(map(MI.lower_is_better, ms)) else ""
-        fig.suptitle(f"Grid sweep: every metric (mean over questions){over}{note}", fontsize=11)
-        paths += save(fig, out_dir, "grid_heatmap_metrics", formats)
-    return paths
+        notes = ["colours span each metric's full range (one 0–1 scale for all 0–1 metrics)"]
+        if any(map(MI.lower_is_better, ms)):
+            notes.append(f"{MI.LOWER_NOTE} (its colours reversed: brighter is better)")
+        if any_mark:
+            notes.append(MARK_NOTE)
+        fig.suptitle(f"Grid sweep: every metric (mean over questions){over}", fontsize=11)
+        fig.supxlabel("\n".join(notes), fontsize=8.5)
+        figs["grid_heatmap_metrics"] = fig
+    return figs
 
 
 def line_chart(
@@ -325,41 +384,54 @@ def latency_chart(
     group_col: str | None = None,
     metrics: Sequence[str] = ("recall_at_k", "mrr"),
     formats: Iterable[str] = FORMATS,
-    max_legend: int = 10,
+    objective: str | None = None,
+    limit: int = R.MAX_JOBS_SHOWN,
 ) -> list[Path]:
+    """latency_quality (latency_figure), saved. `group_col` is kept for callers: the jobs' labels
+    already name the parameters."""
+    fig = latency_figure(df, k, metrics, objective, limit)
+    return save(fig, out_dir, "latency_quality", formats) if fig else []
+
+
+def latency_figure(df: pd.DataFrame, k: Any = "k", metrics: Sequence[str] = ("recall_at_k", "mrr"),
+                   objective: str | None = None, limit: int = R.MAX_JOBS_SHOWN) -> Figure | None:
     """Median per-question latency (x) against recall@k and MRR (y), one point per job. Up to
-    `max_legend` jobs get a marker each (legend by job label); more are grouped by `group_col`."""
+    `limit` jobs get a colour and marker each (legend by job label); beyond, the baseline and the
+    best by the objective do (chart_rules.shown_jobs, the title says so) and the rest are small
+    grey dots for context. None when no two jobs report latency."""
     ok = df[df["status"] == "ok"]
     col = latency_column(ok)
     ms = [m for m in metrics if m in ok and ok[m].notna().any()]
     if col is None or not ms or ok.empty:
-        return []
-    if len(ok) <= max_legend or group_col is None or group_col not in ok:
-        keys = ok["label"].astype(str)
-        legend_title = "job"
-    else:
-        keys = ok[group_col].map(_fmt_tick)
-        legend_title = group_col
-    groups = list(dict.fromkeys(keys))
-    shades = _gray_shades(len(groups))
+        return None
+    shown = R.shown_jobs(ok, objective, limit)
+    labels = ok["label"].astype(str)
+    base = {str(x) for x, b in zip(ok["label"], ok["baseline"]) if bool(b)} if "baseline" in ok else set()
+    rest = ok[~labels.isin(shown).to_numpy()]
     fig = _new_figure(4.4 * len(ms) + 2.6, 4.3)
     axes = [fig.add_subplot(1, len(ms), i + 1) for i in range(len(ms))]
     for ax, m in zip(axes, ms):
-        for gi, g in enumerate(groups):
-            sub = ok[(keys == g).to_numpy()]
+        if len(rest):
+            ax.plot(rest[col], rest[m], linestyle="none", marker="o", markersize=4, color="0.7",
+                    label=f"other {len(rest)} jobs")
+        for gi, g in enumerate(shown):
+            sub = ok[(labels == g).to_numpy()]
+            colour = R.OKABE_ITO[gi % len(R.OKABE_ITO)]
             ax.errorbar(sub[col], sub[m], yerr=_yerr(sub, m), linestyle="none", marker=MARKERS[gi % len(MARKERS)],
-                        markersize=9.5 - 1.3 * (gi % 4), capsize=2.5, color=shades[gi], markeredgecolor="black",
-                        markerfacecolor=shades[gi] if gi % 2 == 0 else "white", ecolor="0.35", elinewidth=0.8,
-                        alpha=0.9, label=g)
+                        markersize=9, capsize=2.5, color=colour, markeredgecolor="black", ecolor=colour,
+                        elinewidth=1.0, alpha=0.95, label=g + (" (baseline)" if g in base else ""))
         ax.set_xlabel(latency_label(col))
         ax.set_ylabel(metric_label(m, k, unit=True))
         ax.set_title(f"{metric_label(m, k)} vs latency", fontsize=10)
         ax.grid(linewidth=0.4, alpha=0.6)
         ax.margins(x=0.12)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, title=legend_title, loc="outside right center", title_fontsize=8, fontsize=7.5)
-    fig.suptitle("Latency vs quality: one point per job (95% CI bars)", fontsize=11)
-    return save(fig, out_dir, "latency_quality", formats)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, title="job", loc="outside right center", title_fontsize=8, fontsize=7.5)
+    note = R.shown_note(shown, len(ok), objective, k, has_baseline=bool(base & set(shown)))
+    better = "" if any(map(MI.lower_is_better, ms)) else "; up and left is better"
+    title = f"Latency vs quality: one point per job (95% CI bars{better})"
+    fig.suptitle(title + (f"\n{note}" if note else ""), fontsize=11)
+    return fig
 
 
 def jobs_chart(df: pd.DataFrame, objective: str, out_dir: Path, k: Any = "k",

@@ -6,7 +6,10 @@ A RUN_DIR is any directory holding metrics.json (a run), a sweep directory, or a
 runs (e.g. outputs/runs or outputs/multirun/2025-01-31): every run below it is included, runs
 from different days and sweeps mixed freely. Writes summary.csv, comparison.csv, summary.md,
 charts/ and report.html into --out (default: a new directory outputs/compare/<timestamp>), and
-prints the verdict, the headline table and the paths.
+prints the verdict, the headline table and the paths. A RUN_DIR with no run in or below it is
+refused by name: a mistyped directory never drops out of a comparison unnoticed.
+
+Exit status: 0 written, 2 bad input (one line naming it), 130 interrupted (nothing written).
 """
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.aggregate import load_records
+from experiments.aggregate import RunRecord, find_run_dirs, load_run
 from experiments.report import ReportSettings
-from experiments.report_files import build_report
+from experiments.report_files import build_report, foreign_in_out
+from rag.cli import HelpFormatter, positive_int, run_cli, seed_int
 from rag.schema import CHART_FORMATS
 from rag.rundir import remove_report
 
@@ -42,21 +46,6 @@ def default_out(root: Path = DEFAULT_ROOT) -> Path:
             i += 1
 
 
-def positive_int(text: str, lo: int = 1) -> int:
-    what = "a positive integer" if lo == 1 else f"an integer >= {lo}"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-    if value < lo:
-        raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
-    return value
-
-
-def seed_int(text: str) -> int:
-    return positive_int(text, lo=0)
-
-
 def chart_formats(text: str) -> tuple[str, ...]:
     formats = tuple(f.strip().lower() for f in text.split(",") if f.strip())
     bad = [f for f in formats if f not in CHART_FORMATS]
@@ -75,10 +64,11 @@ def publish(tmp: Path, out: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    lines = __doc__.strip().splitlines()
     parser = argparse.ArgumentParser(
-        prog="python -m experiments.compare", description=__doc__.strip().splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.strip().splitlines()[3:]),
+        prog="python -m experiments.compare", description=lines[0], formatter_class=HelpFormatter,
+        epilog="\n".join(lines[3:]),
     )
     parser.add_argument("runs", nargs="+", type=Path, help="run directories, sweep directories or their parents")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: outputs/compare/<timestamp>)")
@@ -90,11 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=positive_int, default=None,
                         help="paired-bootstrap resamples (default: the baseline run's eval.bootstrap.resamples)")
     parser.add_argument("--seed", type=seed_int, default=None, help="paired-bootstrap seed (default: the baseline run's)")
-    parser.add_argument("--title", default="Run comparison")
+    parser.add_argument("--title", default="Run comparison", help="the report's title")
     parser.add_argument("--no-html", action="store_true", help="no report.html")
-    parser.add_argument("--max-context-chars", type=int, default=1200,
-                        help="report.html: longest context text kept, around its matching span (default: 1200)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--max-context-chars", type=positive_int, default=1200,
+                        help="report.html: longest context text kept, around its matching span")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     try:
@@ -104,18 +98,33 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def runs_in(paths: list[Path]) -> list[RunRecord]:
+    """The runs in or below each path, each once, in the order given; a path holding none is an
+    error naming it (alone or beside others)."""
+    found: dict[Path, Path] = {}
+    for p in paths:
+        dirs = find_run_dirs([p])
+        if not dirs:
+            raise FileNotFoundError(f"{p}: no run in or below it (no metrics.json or failure.json); "
+                                    "give run directories, sweep directories or their parents")
+        for d in dirs:
+            found.setdefault(d.resolve(), d)
+    return [load_run(d) for d in found.values()]
+
+
 def compare(args: argparse.Namespace) -> int:
     try:
-        records = load_records(args.runs)
+        records = runs_in(args.runs)
     except FileNotFoundError as e:
         print(f"compare: error: {e}", file=sys.stderr)
         return 2
-    if not records:
-        print("compare: error: no runs (metrics.json or failure.json) under " + ", ".join(map(str, args.runs)),
-              file=sys.stderr)
-        return 2
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         print(f"compare: error: --out {args.out} is a file, not a directory", file=sys.stderr)
+        return 2
+    foreign = foreign_in_out(args.out) if args.out is not None and args.out.is_dir() else None
+    if foreign is not None:  # compare replaces only what an earlier comparison there wrote
+        print(f"compare: error: --out {args.out} holds {foreign}, which compare did not write; "
+              "give an empty or new --out", file=sys.stderr)
         return 2
     created = args.out is None or not args.out.exists()
     try:
@@ -161,4 +170,4 @@ def compare(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

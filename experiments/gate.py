@@ -11,14 +11,18 @@ paired difference from the baseline (oriented so that positive is better: a lowe
 metric such as latency or hallucination is negated) gets a paired-bootstrap confidence interval
 (experiments.stats).
 
-- non-inferiority (the default) passes when the interval's lower end is above `-min_effect`: the
-  candidate is, with that confidence, not worse by `min_effect` or more;
-- superiority passes when the lower end is above `+min_effect`.
+- non-inferiority (the default) passes when the interval's worse end is at or above
+  `-min_effect`: the candidate is, with that confidence, not worse by more than `min_effect`.
+  With `--min-effect 0` it may lose nothing: two runs with identical values pass;
+- superiority passes when the worse end is strictly above `+min_effect`: the candidate is, with
+  that confidence, better by more than `min_effect`. With `--min-effect 0` it must gain something:
+  two runs with identical values fail.
 
-The interval is two-sided at `--confidence` (0.95), so each test is one-sided at 97.5%.
+The interval is two-sided at `--confidence` (0.95), so each test is one-sided at 97.5%; it needs
+at least 2 shared questions and 1 resample.
 
 Exit status: 0 pass, 1 fail, 2 bad input (one line naming it). Prints one line of verdict, then
-the figures as JSON (also written to `--json FILE`).
+the figures as JSON; `--json FILE` is written first, whatever becomes of the printed output.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from pathlib import Path
 
 from experiments import metric_info as MI
 from experiments.stats import has_value, paired_bootstrap, shared_ids
+from rag.cli import HelpFormatter, non_negative_float, positive_int, run_cli, seed_int
 from rag.types import RagError
 
 TESTS = ("non-inferiority", "superiority")
@@ -57,17 +62,26 @@ class GateResult:
     lower_is_better: bool
 
     worst_gain: float  # the interval's worse end, oriented so that positive is better
-    needed: float  # worst_gain must exceed this: -min_effect (non-inferiority) or +min_effect
+    needed: float  # -min_effect (non-inferiority: worst_gain >= needed) or +min_effect (superiority: >)
 
     def line(self) -> str:
         word = "PASS" if self.passed else "FAIL"
         direction = " (lower is better)" if self.lower_is_better else ""
         holds = "holds" if self.passed else "does not hold"
+        inclusive = self.test == "non-inferiority"
+        compared = (">=" if inclusive else ">") if self.passed else ("<" if inclusive else "<=")
         return (f"{word}: {self.metric}{direction} candidate {self.candidate_mean:.4f} vs baseline "
                 f"{self.baseline_mean:.4f} over {self.n} shared questions, difference {self.diff:+.4f} "
                 f"[{self.ci_low:+.4f}, {self.ci_high:+.4f}] ({self.confidence:.0%} paired bootstrap); {self.test} "
                 f"with margin {self.min_effect:g} {holds}: the worst plausible gain {self.worst_gain:+.4f} "
-                f"{'>' if self.passed else '<='} {self.needed:+g}")
+                f"{compared} {self.needed:+g}")
+
+
+def passes(worst_gain: float, needed: float, test: str) -> bool:
+    """Non-inferiority is "not worse by more than the margin", so reaching its bound exactly passes
+    (identical runs are not inferior at margin 0); superiority is "better by more than the margin",
+    so reaching its bound does not (identical runs are not superior at margin 0)."""
+    return worst_gain >= needed if test == "non-inferiority" else worst_gain > needed
 
 
 def gate(baseline: Mapping[str, float | None], candidate: Mapping[str, float | None], metric: str,
@@ -78,16 +92,22 @@ def gate(baseline: Mapping[str, float | None], candidate: Mapping[str, float | N
         raise RagError(f"--test must be one of {', '.join(TESTS)}, got {test!r}")
     if not (isinstance(min_effect, (int, float)) and math.isfinite(min_effect) and min_effect >= 0):
         raise RagError(f"--min-effect must be a number >= 0, got {min_effect!r}")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        # zero resamples would make the interval the bare mean: a 0-width "95% interval"
+        raise RagError(f"--resamples must be a positive integer, got {resamples!r}")
     lower = MI.lower_is_better(metric)
     d = paired_bootstrap(baseline, candidate, n_resamples=resamples, confidence=confidence, seed=seed)
     if d.n == 0:
         raise RagError(f"the two runs share no question with a value of {metric} (ids differ, or neither scored it)")
+    if d.n == 1:
+        raise RagError(f"the two runs share only 1 question with a value of {metric}; an interval needs at least 2")
     sign = -1.0 if lower else 1.0
-    oriented_low = min(sign * d.ci_low, sign * d.ci_high)  # the worse end, positive = better
-    margin = -float(min_effect) if test == "non-inferiority" else float(min_effect)
+    oriented_low = min(sign * d.ci_low, sign * d.ci_high) + 0.0  # the worse end, positive = better; -0 is 0
+    # 0.0 - x rather than -x: a margin of 0 is printed +0, not -0
+    margin = 0.0 - float(min_effect) if test == "non-inferiority" else float(min_effect)
     ids = shared_ids(baseline, candidate)
     mean = lambda m: sum(float(m[i]) for i in ids) / len(ids)  # noqa: E731
-    return GateResult(test, metric, float(min_effect), bool(oriented_low > margin), d.n, mean(baseline),
+    return GateResult(test, metric, float(min_effect), passes(oriented_low, margin, test), d.n, mean(baseline),
                       mean(candidate), d.mean_diff, d.ci_low, d.ci_high, confidence, d.p_value, lower,
                       oriented_low, margin)
 
@@ -96,7 +116,7 @@ def gate(baseline: Mapping[str, float | None], candidate: Mapping[str, float | N
 
 def run_values(path: Path, metric: str) -> dict[str, float | None]:
     """Per-question values of a finished run directory."""
-    from experiments.aggregate import load_run
+    from experiments.aggregate import PER_QUESTION_FILE, load_run
 
     if not (path / "metrics.json").exists() and not (path / "failure.json").exists():
         raise RagError(f"{path}: not a run directory (no metrics.json); give a run's or a sweep job's directory, "
@@ -104,13 +124,22 @@ def run_values(path: Path, metric: str) -> dict[str, float | None]:
     rec = load_run(path)
     if not rec.ok:
         raise RagError(f"{path}: the run did not finish ({(rec.failure or {}).get('message', 'failed')})")
+    if not (path / PER_QUESTION_FILE).is_file():
+        raise RagError(f"{path / PER_QUESTION_FILE}: no such file; the gate pairs the runs question by question, "
+                       f"and a run's per-question metrics are only there (metrics.json holds their means)")
     from experiments.verdict import question_values
 
     values = question_values(rec, metric)
     if not any(has_value(v) for v in values.values()):
-        have = sorted(rec.result.metrics) if rec.result else []
-        raise RagError(f"{path}: no per-question values of metric {metric!r}; this run has: {', '.join(have)}")
+        have = ", ".join(scored_metrics(rec.per_question())) or "none"
+        raise RagError(f"{path}: no per-question values of metric {metric!r}; its {PER_QUESTION_FILE} has: {have}")
     return values
+
+
+def scored_metrics(rows: list[dict]) -> list[str]:
+    """The metrics per_question.jsonl rows hold a number for (the question's id is no metric)."""
+    return sorted({k for r in rows for k, v in r.items()
+                   if k != "id" and isinstance(v, (int, float)) and not isinstance(v, bool) and has_value(v)})
 
 
 def _trec_lines(path: Path, fields: int, what: str) -> list[list[str]]:
@@ -177,58 +206,65 @@ def values_of(path: Path, metric: str, qrels: Path | None, k: int) -> dict[str, 
 
 # ---- command line ------------------------------------------------------------------------------
 
-def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not the usage block: CI logs show it whole
         print(f"gate: error: {message} (python -m experiments.gate --help)", file=sys.stderr)
         sys.exit(2)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="python -m experiments.gate", description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    about, _, exits = __doc__.partition("Exit status:")
+    ap = _Parser(prog="python -m experiments.gate", description=about.rstrip(), epilog="exit status:" + exits.rstrip(),
+                 formatter_class=HelpFormatter)
     ap.add_argument("baseline", type=Path, help="run directory, sweep job directory or TREC run file")
     ap.add_argument("candidate", type=Path, help="run directory, sweep job directory or TREC run file")
-    ap.add_argument("--metric", required=True, help="e.g. ndcg_at_k, mrr_id, recall_at_k, answer_gt, hallucination")
-    ap.add_argument("--min-effect", type=_number, required=True, help="the margin, in the metric's units (>= 0)")
-    ap.add_argument("--test", choices=TESTS, default="non-inferiority")
-    ap.add_argument("--qrels", type=Path, help="qrels for TREC run files")
-    ap.add_argument("--k", type=int, default=5, help="cut-off of the TREC measures (default 5)")
-    ap.add_argument("--confidence", type=float, default=0.95)
-    ap.add_argument("--resamples", type=int, default=10_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", type=Path, help="also write the figures to this file")
-    args = ap.parse_args(argv)
+    ap.add_argument("--metric", required=True,
+                    help="the metric compared (required), e.g. ndcg_at_k, mrr_id, recall_at_k, answer_gt, hallucination")
+    ap.add_argument("--min-effect", type=non_negative_float, required=True,
+                    help="the margin, in the metric's units, >= 0 (required)")
+    ap.add_argument("--test", choices=TESTS, default="non-inferiority", help="which claim the gate checks")
+    ap.add_argument("--qrels", type=Path, help="qrels to score TREC run files against (default: none; "
+                                                "required when BASELINE and CANDIDATE are TREC run files)")
+    ap.add_argument("--k", type=positive_int, default=5, help="cut-off of the measures on TREC run files")
+    ap.add_argument("--confidence", type=float, default=0.95, help="two-sided confidence of the interval, in [0.5, 1)")
+    ap.add_argument("--resamples", type=positive_int, default=10_000, help="paired-bootstrap resamples (>= 1)")
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the bootstrap and the sign-flip test")
+    ap.add_argument("--json", type=Path, help="also write the figures to this file (default: printed only)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         if not 0.5 <= args.confidence < 1:
             raise RagError(f"--confidence must be in [0.5, 1), got {args.confidence}")
-        if args.k < 1:
-            raise RagError(f"--k must be a positive integer, got {args.k}")
         if args.qrels is not None and not args.qrels.is_file():
             raise RagError(f"{args.qrels}: no such qrels file")
+        args.metric = MI.resolve(args.metric)  # the printed label ('nDCG@5') names the same metric as its key
         base = values_of(args.baseline, args.metric, args.qrels, args.k)
         cand = values_of(args.candidate, args.metric, args.qrels, args.k)
         res = gate(base, cand, args.metric, args.min_effect, args.test, args.confidence, args.resamples, args.seed)
+        doc = json.dumps({**asdict(res), "baseline": str(args.baseline), "candidate": str(args.candidate)},
+                         indent=2, allow_nan=False)
+        # Before anything is printed: a reader that stops early (| head -1) must not cost the file.
+        if args.json is not None:
+            write_json(args.json, doc)
     except RagError as e:
         print(f"gate: error: {e}", file=sys.stderr)
         return 2
-    doc = {**asdict(res), "baseline": str(args.baseline), "candidate": str(args.candidate)}
     print(res.line())
-    print(json.dumps(doc, indent=2))
-    if args.json is not None:
-        from rag.cache import atomic_write_text
-
-        atomic_write_text(args.json, json.dumps(doc, indent=2) + "\n")
+    print(doc)
     return 0 if res.passed else 1
 
 
+def write_json(path: Path, doc: str) -> None:
+    from rag.cache import atomic_write_text
+
+    try:
+        atomic_write_text(path, doc + "\n")
+    except OSError as e:
+        raise RagError(f"--json {e.filename or path}: cannot write it ({e.strerror or e})") from None
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -413,6 +413,21 @@ def corpus_rows(rep: Report, metrics: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def sample_notes(records: list[RunRecord]) -> list[str]:
+    """Each sample a run took (metrics.json `slice`), once per distinct line; the runs it applies
+    to are named when not every run took it: a report never hides that questions were left out."""
+    from rag.corpus.slicing import Kept
+
+    ok = [r for r in records if r.ok and r.result is not None]
+    runs: dict[str, list[str]] = {}
+    for r in ok:
+        for key, entry in (r.result.slice or {}).items():
+            k = Kept.from_json(key, entry)
+            if k.sampled:
+                runs.setdefault(k.line(), []).append(r.variant)
+    return [line if len(names) == len(ok) else f"{line}: {', '.join(names)}" for line, names in runs.items()]
+
+
 def _p(p: Any) -> str:
     if not has_value(p):
         return "–"
@@ -438,7 +453,7 @@ def _env() -> jinja2.Environment:
 
 def render_html(rep: Report, records: list[RunRecord]) -> str:
     from experiments.report import best_run, method_note
-    from experiments.verdict import headline_metrics
+    from experiments.verdict import headline_metrics, mde_text
 
     k = rep.k
     tau_recall, tau_h = _thresholds(records)
@@ -462,8 +477,8 @@ def render_html(rep: Report, records: list[RunRecord]) -> str:
         title=rep.settings.title, source=rep.source, generated=time.strftime("%Y-%m-%d %H:%M:%S"),
         verdict=rep.verdict, baseline=rep.baseline, n_tests=rep.n_tests, alpha=rep.alpha, k=k,
         metrics=metric_meta, results=_result_rows(rep), has_comparison=not rep.comparison.empty,
-        mde=[{"label": MI.label(r["metric"], k), "mde": MI.fmt(r["metric"], r["mde"]),
-              "nominal": MI.fmt(r["metric"], r["mde_nominal"]), "sd": MI.fmt(r["metric"], r["sd_diff"]),
+        mde=[{"label": MI.label(r["metric"], k), "mde": mde_text(r["metric"], r["mde"]),
+              "nominal": mde_text(r["metric"], r["mde_nominal"]), "sd": MI.fmt(r["metric"], r["sd_diff"]),
               "n": int(r["n"]), "basis": r["basis"]} for _, r in rep.mde.iterrows()] if not rep.mde.empty else [],
         mde_alpha=f"{rep.alpha:g}/{max(rep.n_tests, 1)}", method=method_note(rep) if rep.n_tests else "",
         charts=chart_svgs(rep), runs=[str(x) for x in rep.frame["label"]] if not rep.frame.empty else [],
@@ -472,6 +487,7 @@ def render_html(rep: Report, records: list[RunRecord]) -> str:
         served=served_rows(rep),
         best=None if best is None else {"label": best["label"], "value": MI.fmt(rep.objective, best[rep.objective])},
         n_questions=len(qdata["questions"]), context_limit=qdata["context_limit"], lower_note=MI.LOWER_NOTE,
+        samples=sample_notes(records),
         data_json=payload, css=(TEMPLATES / "report.css").read_text(encoding="utf-8"),
         js=(TEMPLATES / "report.js").read_text(encoding="utf-8"), esc=html.escape,
     )

@@ -10,8 +10,8 @@ Used at the end of every multirun (experiments.callbacks, in the sweep directory
   questions both share, its 95% paired-bootstrap CI, the sign-flip test's p-value, the
   Holm-adjusted p-value, significance after correction, and the minimum detectable effect
   (experiments.verdict).
-- summary.md: the verdict in words first, then the tables, differences marked ▲/▼ where
-  significant after Holm's correction, the smallest detectable difference per metric, failed jobs,
+- summary.md: the verdict in words first, then the tables, differences marked ▲/▼ (better/worse)
+  where significant after Holm's correction, the smallest detectable difference per metric, failed jobs,
   and the charts.
 - report.html: one self-contained page with all of it and every question (experiments.html_report).
 
@@ -38,6 +38,7 @@ from experiments import metric_info as MI
 from experiments import panels as P
 from experiments import verdict as V
 from experiments.aggregate import RunRecord, markdown_table, summary_frame
+from experiments.baseline import BaselineChoice, baseline_note, pick_baseline
 from experiments.stats import PERMUTATIONS
 
 log = logging.getLogger(__name__)
@@ -134,27 +135,6 @@ def _first(values: list[Any], default: Any) -> Any:
     return default
 
 
-def pick_baseline(records: list[RunRecord], frame: pd.DataFrame, wanted: str | None) -> int | None:
-    """Row index of the baseline run: `wanted` as a label, variant or job number; else the first
-    run of variant v1; else the first successful run."""
-    ok = [i for i, r in enumerate(records) if r.ok]
-    if not ok:
-        return None
-    if wanted is not None and str(wanted) != "":
-        w = str(wanted)
-        for i in ok:
-            if str(frame.loc[i, "label"]) == w:
-                return i
-        for i in ok:
-            if records[i].variant == w or str(frame.loc[i, "job"]) == w:
-                return i
-        log.warning("report: baseline %r matches no successful run; using the default", wanted)
-    for i in ok:
-        if records[i].variant == "v1":
-            return i
-    return ok[0]
-
-
 def latency_columns(records: list[RunRecord], frame: pd.DataFrame, settings: ReportSettings, resamples: int,
                     seed: int) -> bool:
     """Adds the derived per-question latency (mean with its bootstrap CI) to the frame; False when
@@ -228,7 +208,7 @@ def make_charts(rep: Report, out_dir: Path, formats: tuple[str, ...]) -> list[Pa
         if nx <= MAX_GRID_SIDE and ny <= MAX_GRID_SIDE and cells >= 0.75 * nx * ny:
             others = [v for v in varying if v not in (x, y)]
             paths += C.grid_heatmaps(frame, x, y, objective, metrics, out_dir, k=k, unit=unit, others=others,
-                                     formats=formats)
+                                     formats=formats, comparison=rep.comparison, baseline=rep.baseline)
             chose = True
     elif len(numeric) == 1:
         x = numeric[0]
@@ -244,9 +224,10 @@ def make_charts(rep: Report, out_dir: Path, formats: tuple[str, ...]) -> list[Pa
         paths += C.jobs_chart(frame, objective, out_dir, k=k, formats=formats)
     if len(ok) >= 2:
         group = numeric[0] if numeric else (varying[0] if varying else None)
-        paths += C.latency_chart(frame, out_dir, k=k, group_col=group, formats=formats)
+        paths += C.latency_chart(frame, out_dir, k=k, group_col=group, formats=formats, objective=objective)
     if not rep.by_corpus.empty and rep.by_corpus["corpus"].nunique() >= 2:
-        paths += P.corpus_chart(rep.by_corpus, rep.headline(), out_dir, k=k, formats=formats)
+        paths += P.corpus_chart(rep.by_corpus, rep.headline(), out_dir, k=k, formats=formats, frame=frame,
+                                objective=objective)
     paths += P.win_tie_loss_chart(rep.comparison, rep.headline(), out_dir, rep.baseline, k=k, formats=formats)
     return paths
 
@@ -287,8 +268,8 @@ def method_note(rep: Report) -> str:
             f"null, which Holm's procedure needs, and it is the test recommended for IR evaluation (Smucker, "
             f"Allan & Carterette 2007). Correction for multiple comparisons: Holm–Bonferroni step-down over "
             f"all {rep.n_tests} compared (run, metric) cells, family-wise α = {rep.alpha:g}; ▲/▼ mark cells "
-            f"whose Holm-adjusted p-value is below α (▲ higher, ▼ lower; on {MI.LOWER_MARK} metrics lower is "
-            f"better). Smallest detectable difference: (z(1−α′/2) + z(0.8)) · sd / √n, with sd the standard "
+            f"whose Holm-adjusted p-value is below α (▲ better, ▼ worse, in the metric's direction: on "
+            f"{MI.LOWER_MARK} metrics a fall is a ▲). Smallest detectable difference: (z(1−α′/2) + z(0.8)) · sd / √n, with sd the standard "
             f"deviation of the per-question differences and n the shared questions (medians over the runs), "
             f"at α′ = α/m, Holm's strictest step (conservative), and at the nominal α.")
 
@@ -321,8 +302,9 @@ def summary_markdown(rep: Report, k: Any, source: str) -> str:
         if not rep.comparison.empty else {}
     lines += ["## Results", ""]
     if rep.baseline is not None and rep.n_tests:
-        lines.append(f"Mean [95% bootstrap CI] per metric. Baseline: **{rep.baseline}**. ▲/▼: higher/lower than "
-                     f"the baseline, significant after Holm's correction over {rep.n_tests} comparisons "
+        lines.append(f"Mean [95% bootstrap CI] per metric. Baseline: **{rep.baseline}**. "
+                     f"{MI.MARKER_NOTE.format(baseline='the baseline')}, significant after Holm's correction over "
+                     f"{rep.n_tests} comparisons "
                      f"(α = {rep.alpha:g}; see Method). {MI.LOWER_NOTE}.")
         lines.append("")
     header = ["job", "run", "status"] + [C.metric_label(m, k) for m in rep.metrics]
@@ -389,7 +371,7 @@ def differences_markdown(rep: Report, k: Any) -> list[str]:
     n = str(lo) if lo == hi else f"{lo}–{hi}"
     lines += [f"## Differences vs baseline ({rep.baseline})", "",
               f"Mean per-question difference (run − baseline) over the {n} questions both share "
-              f"[paired bootstrap 95% CI], Holm-adjusted p-value; ▲/▼ where p(Holm) < {rep.alpha:g}.", ""]
+              f"[paired bootstrap 95% CI], Holm-adjusted p-value; ▲/▼ (better/worse) where p(Holm) < {rep.alpha:g}.", ""]
     lines += [_md_row(["run"] + [C.metric_label(m, k) for m in metrics]), "|" + "---|" * (len(metrics) + 1)]
     for lab in dict.fromkeys(str(x) for x in cmp["label"]):
         cells = [lab]
@@ -397,7 +379,7 @@ def differences_markdown(rep: Report, k: Any) -> list[str]:
             r = diffs.get((lab, m))
             cells.append("" if r is None else (
                 f"{MI.fmt(m, r['diff'], True)} [{MI.fmt(m, r['ci_low'], True)}, {MI.fmt(m, r['ci_high'], True)}] "
-                f"p={_p(r['p_holm'])} {r['marker']}").rstrip())
+                f"p={V.p_text(r['p_holm'])} {r['marker']}").rstrip())
         lines.append(_md_row(cells))
     lines.append("")
     if not rep.faults.empty:
@@ -441,16 +423,10 @@ def differences_markdown(rep: Report, k: Any) -> list[str]:
                   "|---|---|---|---|---|---|"]
         for _, r in rep.mde.iterrows():
             m = r["metric"]
-            lines.append(_md_row([C.metric_label(m, k), MI.fmt(m, r["mde"]), MI.fmt(m, r["mde_nominal"]),
+            lines.append(_md_row([C.metric_label(m, k), V.mde_text(m, r["mde"]), V.mde_text(m, r["mde_nominal"]),
                                   MI.fmt(m, r["sd_diff"]), str(int(r["n"])), str(r["basis"])]))
         lines.append("")
     return lines
-
-
-def _p(p: float) -> str:
-    if p is None or (isinstance(p, float) and math.isnan(p)):
-        return "–"
-    return f"{p:.2g}" if p >= 0.001 else f"{p:.0e}"
 
 
 def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | None = None,
@@ -468,7 +444,8 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
     k = next(iter(ks)) if len(ks) == 1 else "k"
     unit = C.chunk_unit(configs[0] if configs else None)
 
-    base = pick_baseline(records, frame, settings.baseline) if not frame.empty else None
+    choice = pick_baseline(records, frame, settings.baseline, varying) if not frame.empty else BaselineChoice(None, "none")
+    base = choice.index
     bcfg = (((records[base].config or {}).get("eval") or {}).get("bootstrap") or {}) if base is not None else {}
     resamples = int(settings.resamples if settings.resamples is not None else bcfg.get("resamples", 1000))
     seed = int(settings.seed if settings.seed is not None else bcfg.get("seed", 0))
@@ -489,7 +466,10 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
         single = {"mean": row[objective], "lo": row.get(f"{objective}_ci_low"), "hi": row.get(f"{objective}_ci_high"),
                   "n": int(row.get(f"{objective}_n", 0) or 0)}
     runs = [lab for i, lab in enumerate(labels) if records[i].ok and i != base]
-    rep.verdict = " ".join(x for x in (V.verdict_text(cmp, baseline_label, runs, k, objective, single),
+    best = best_run(rep) if varying and "variant" not in varying else None
+    best_words = "" if best is None else V.best_words(best, baseline_label, cmp.table, objective, k)
+    rep.verdict = " ".join(x for x in (baseline_note(choice, baseline_label), best_words,
+                                       V.verdict_text(cmp, baseline_label, runs, k, objective, single),
                                        V.cost_words(frame)) if x)
     _fault_analysis(rep, records, labels, base)
     return rep

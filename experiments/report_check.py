@@ -253,4 +253,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rag.cli import run_cli
+
+    run_cli(main)

@@ -17,7 +17,6 @@ stores only on request).
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -28,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rag import strict_json
 from rag.cache import atomic_write_text
 from rag.result import RunResult
 
@@ -72,7 +72,9 @@ def flatten_params(overrides: Iterable[str], choices: dict[str, Any] | None) -> 
     for group, choice in (choices or {}).items():
         if group.startswith("hydra") or choice is None:
             continue
-        params[_safe_key(str(group))] = str(choice)
+        # A nested group (llm/prompt) beside its parent's choice (llm) would be a file and a
+        # directory of one name in MLflow's store: name it by its package path instead.
+        params[_safe_key(str(group).replace("/", "."))] = str(choice)
     for o in overrides:
         key, sep, value = str(o).partition("=")
         key = key.lstrip("+~")
@@ -261,4 +263,4 @@ def job_failure(exc: BaseException) -> dict[str, Any]:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2))
+    atomic_write_text(path, strict_json.dumps(obj, indent=2))

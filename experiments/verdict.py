@@ -3,7 +3,8 @@ correction across every compared cell, the smallest detectable difference per me
 verdict in words and as a terminal table.
 
 The family corrected together is every (non-baseline run, metric) cell the summary marks, so a
-▲/▼ means "significant at family-wise level alpha", however many jobs and metrics the sweep has.
+▲/▼ means "significantly better/worse at family-wise level alpha", in the metric's own direction,
+however many jobs and metrics the sweep has.
 """
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ def compare(records: list[RunRecord], labels: list[str], metrics: list[str], bas
         n_tests = int(table["p_value"].notna().sum())
         table["significant"] = table["p_holm"] < alpha
         table["better"] = [MI.better(m, d) for m, d in zip(table["metric"], table["diff"])]
-        table["marker"] = [("▲" if d > 0 else "▼") if s else "" for d, s in zip(table["diff"], table["significant"])]
+        table["marker"] = [MI.marker(m, d, bool(s))
+                           for m, d, s in zip(table["metric"], table["diff"], table["significant"])]
         table["mde"] = [min_detectable_effect(sd, n, alpha / max(n_tests, 1), POWER)
                         for sd, n in zip(table["sd_diff"], table["n"])]
     return Comparison(table, mde_table(table, records[base], metrics, alpha, n_tests, base_vals), alpha, n_tests)
@@ -152,10 +154,15 @@ def mde_table(table: Any, baseline: RunRecord | None, metrics: list[str], alpha:
 # words
 
 
-def _diff_words(m: str, r: Mapping[str, Any], k: Any) -> str:
+def _diff_ci(m: str, r: Mapping[str, Any]) -> str:
+    """'+0.095 [+0.054, +0.136]'."""
     sec = abs(float(r["diff"])) >= 1000  # one scale for the difference and its interval
-    return (f"{MI.label(m, k)} by {MI.fmt_unit(m, r['diff'], True, sec)} "
+    return (f"{MI.fmt_unit(m, r['diff'], True, sec)} "
             f"[{MI.fmt_unit(m, r['ci_low'], True, sec)}, {MI.fmt_unit(m, r['ci_high'], True, sec)}]")
+
+
+def _diff_words(m: str, r: Mapping[str, Any], k: Any) -> str:
+    return f"{MI.label(m, k)} by {_diff_ci(m, r)}"
 
 
 def _listing(items: list[str]) -> str:
@@ -170,12 +177,55 @@ def _n_words(table: pd.DataFrame) -> str:
     return f"{lo} shared questions" if lo == hi else f"{lo}–{hi} shared questions per comparison"
 
 
-def mde_words(mde: pd.DataFrame, k: Any, metrics: list[str] | None = None) -> str:
+def _mde_rows(mde: pd.DataFrame, metrics: list[str] | None) -> pd.DataFrame:
     rows = mde[mde["mde"].notna()] if not mde.empty else mde
     if metrics is not None and not rows.empty:
         rows = rows[rows["metric"].isin(metrics)]
-    parts = [f"{MI.label(r['metric'], k)} {MI.fmt_unit(r['metric'], r['mde'])}" for _, r in rows.iterrows()]
+    return rows
+
+
+def mde_words(mde: pd.DataFrame, k: Any, metrics: list[str] | None = None) -> str:
+    """'recall@5 (sim) 0.102; MRR (sim) 0.107' for the metrics whose detectable difference is
+    inside their range."""
+    rows = _mde_rows(mde, metrics)
+    parts = [f"{MI.label(r['metric'], k)} {MI.fmt_unit(r['metric'], r['mde'])}" for _, r in rows.iterrows()
+             if not MI.undetectable(r["metric"], float(r["mde"]))]
     return "; ".join(parts)
+
+
+def mde_text(m: str, mde: float) -> str:
+    """A detectable difference for a table cell, flagged where it exceeds the metric's range."""
+    if MI.undetectable(m, float(mde)):
+        return f"{MI.fmt(m, mde)} (beyond the metric's range: too few questions)"
+    return MI.fmt(m, mde)
+
+
+def too_few_words(mde: pd.DataFrame, k: Any, metrics: list[str] | None = None) -> str:
+    """'too few questions to detect any difference in recall@5 (sim) (n=6)' for the metrics whose
+    detectable difference is as large as their whole range; '' when there are none."""
+    rows = [r for _, r in _mde_rows(mde, metrics).iterrows() if MI.undetectable(r["metric"], float(r["mde"]))]
+    if not rows:
+        return ""
+    ns = {int(r["n"]) for r in rows}
+    if len(ns) == 1:
+        names = _and([MI.label(r["metric"], k) for r in rows])
+        return f"too few questions to detect any difference in {names} (n={ns.pop()})"
+    return "too few questions to detect any difference in " + _and(
+        [f"{MI.label(r['metric'], k)} (n={int(r['n'])})" for r in rows])
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _detectable_sentence(lead: str, words: str, few: str, tail: str = "") -> str:
+    """The detectable differences, then the metrics no difference could show in: one sentence each."""
+    out = []
+    if words:
+        out.append(f"{lead}: {words}{tail}.")
+    if few:
+        out.append(few[0].upper() + few[1:] + ".")
+    return " ".join(out)
 
 
 def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any, objective: str,
@@ -195,11 +245,12 @@ def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any,
             head += (f": {MI.label(objective, k)} {MI.fmt(objective, single.get('mean'))} "
                      f"[{MI.fmt(objective, single.get('lo'))}, {MI.fmt(objective, single.get('hi'))}] "
                      f"over {single.get('n')} questions")
-        words = mde_words(cmp.mde, k)
-        return head + ". No baseline to compare with" + (
-            f"; a paired comparison on these questions would detect differences of about: {words} "
-            f"(80% power, two-sided α = {cmp.alpha:g}; from this run's spread, assuming uncorrelated runs)."
-            if words else ".")
+        words, few = mde_words(cmp.mde, k), too_few_words(cmp.mde, k)
+        head += ". No baseline to compare with" + ("" if words else ".")
+        if words:
+            head += (f"; a paired comparison on these questions would detect differences of about: {words} "
+                     f"(80% power, two-sided α = {cmp.alpha:g}; from this run's spread, assuming uncorrelated runs).")
+        return head + (f" {few[0].upper()}{few[1:]}." if few else "")
     sig = t[t["significant"]]
     sentences = [f"Against the baseline {baseline}, over {_n_words(t)}:"]
     clauses = []
@@ -234,11 +285,13 @@ def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any,
         rest = "At these question counts a paired test detects (80% power) differences from about"
     # Metrics where some run showed no difference: what difference would have shown.
     silent = [m for m in dict.fromkeys(t["metric"]) if (sig["metric"] == m).sum() < (t["metric"] == m).sum()]
-    words = mde_words(cmp.mde, k, silent)
+    words, few = mde_words(cmp.mde, k, silent), too_few_words(cmp.mde, k, silent)
     if len(sig) == len(t):
         sentences.append("Every comparison differs.")
-    elif words:
-        sentences.append(f"{rest}: {words}.")
+    elif words or few:
+        if not words and clauses:
+            sentences.append("Nothing else differs.")
+        sentences.append(_detectable_sentence(rest, words, few))
     elif clauses:
         sentences.append("Nothing else differs.")
     absent = [m for m in cmp.mde["metric"] if m not in set(t["metric"])] if not cmp.mde.empty else []
@@ -254,6 +307,32 @@ def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any,
                          f"{baseline} {int(r['n_baseline'])} questions with a {MI.label(r['metric'], k)}, "
                          f"{int(r['n'])} in common.")
     return " ".join(sentences)
+
+
+def best_words(best: Mapping[str, Any], baseline: str | None, table: pd.DataFrame, objective: str, k: Any) -> str:
+    """A parameter sweep's best run on the objective, its CI, and whether it beats the baseline
+    after Holm's correction (the cell of `table` that compares the two)."""
+    lab, name = str(best["label"]), MI.label(objective, k)
+    job = f" (job {best['job']})" if str(best.get("job", "")) != "" else ""
+    value = (f"{name} {MI.fmt(objective, best.get(objective))} [{MI.fmt(objective, best.get(f'{objective}_ci_low'))}, "
+             f"{MI.fmt(objective, best.get(f'{objective}_ci_high'))}]")
+    if lab == baseline:
+        return f"Best: the baseline {lab}{job} itself, {value}."
+    cells = table[(table["label"] == lab) & (table["metric"] == objective)] if not table.empty else table
+    if cells.empty:
+        return f"Best: {lab}{job}, {value}; it shares no question with {baseline}, so it is not compared."
+    r = cells.iloc[0]
+    how = ("significantly better after Holm's correction" if bool(r["significant"]) and bool(r["better"])
+           else "not significantly different after Holm's correction")
+    return (f"Best: {lab}{job}, {value}; against {baseline} {_diff_ci(objective, r)}, "
+            f"{how} (Holm-adjusted p = {p_text(r['p_holm'])}).")
+
+
+def p_text(p: Any) -> str:
+    """A p-value as the report prints it: two significant digits, '–' for none."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "–"
+    return f"{p:.2g}" if p >= 0.001 else f"{p:.0e}"
 
 
 def cost_words(frame: Any) -> str:
@@ -328,8 +407,8 @@ def terminal_text(verdict: str, table: str, baseline: str | None, paths: Mapping
     lines += ["", table, ""]
     if baseline is not None and n_tests:
         note = MI.LOWER_NOTE.replace(" ", "\u00a0")  # kept on one line
-        lines += textwrap.wrap(f"Mean [95% CI]. ▲/▼: higher/lower than {baseline}, significant after Holm's "
-                               f"correction over {n_tests} comparisons. {note}.", width)
+        lines += textwrap.wrap(f"Mean [95% CI]. {MI.MARKER_NOTE.format(baseline=baseline)}, significant after "
+                               f"Holm's correction over {n_tests} comparisons. {note}.", width)
     elif MI.LOWER_MARK in table:
         lines.append(f"{MI.LOWER_NOTE}.")
     for name, p in paths.items():

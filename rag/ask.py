@@ -5,6 +5,7 @@
     python -m rag.ask -q "Is a=b the same as a==b?" +version=v3   # -q: the question, whatever it holds
     python -m rag.ask +version=v3 -- What does a == b mean        # after --: only question words
     python -m rag.ask -i +version=v3            # a prompt loop: one load, many questions
+    python -m rag.ask corpus=jsonl corpus.path=docs.jsonl "When do backups run?"   # your own corpus, no questions needed
 
 Hydra overrides are given exactly as for run.py, so the same configuration finds the same
 artifacts. A word is an override only when it has the override form (`key=value`, `+key=value`,
@@ -14,8 +15,8 @@ text before `=` is no key).
 Everything is loaded from the cache; the command says so if anything had to be built. Prints the
 answer, the numbered contexts with their sources and scores, and the per-stage latency.
 
-Errors are one line and exit status 2 (a bad override, an unknown group option, bad input); Ctrl-C
-is one line and 130.
+Exit status: 0 answered; 2 a user error (a bad override, an unknown group option, bad input: one
+line); 130 interrupted (Ctrl-C: one line).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
+from rag.cli import HelpFormatter, run_cli
 from rag.config import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
 from rag.types import RagError
 
@@ -104,27 +106,36 @@ def format_answer(result: dict[str, Any], width: int = 100) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    about, _, exits = __doc__.partition("Exit status:")
     parser = argparse.ArgumentParser(
-        prog="python -m rag.ask", description="Ask a configured ragrig pipeline a question.",
-        epilog="Words with the override form (key=value, +key=value, ~key) are Hydra overrides; the "
-               "rest is the question. Use -q, or put the question after --, when it looks like an override.",
+        prog="python -m rag.ask", description=about.rstrip(), epilog="exit status:" + exits.rstrip(),
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("words", nargs="*", help="the question, and Hydra overrides (eval.k=3, +version=v3)")
-    parser.add_argument("-q", "--question", default=None, help="the question (taken whole, never as an override)")
-    parser.add_argument("-i", "--interactive", action="store_true", help="read questions from a prompt until EOF")
-    parser.add_argument("--corpus", default=None, help="the question's corpus tag (pubmed, libc, pytorch) for source filtering")
+    parser.add_argument("-q", "--question", default=None,
+                        help="the question, taken whole, never as an override (default: the words that are no override)")
+    parser.add_argument("-i", "--interactive", action="store_true",
+                        help="after any question given, read more from a prompt until EOF (default: answer once)")
+    parser.add_argument("--corpus", default=None,
+                        help="the question's corpus tag (pubmed, libc, pytorch) for source filtering (default: none, "
+                             "every corpus)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     tail: list[str] = []
     if "--" in argv:  # everything after -- is the question
         cut = argv.index("--")
         argv, tail = argv[:cut], argv[cut + 1:]
-    args = parser.parse_intermixed_args(argv)
+    args = ap.parse_intermixed_args(argv)
     question, overrides = split_words(args.words)
     parts = [p for p in (args.question, question, " ".join(tail)) if p and p.strip()]
     question = " ".join(p.strip() for p in parts)
     if not question and not args.interactive:
-        parser.error("give a question (or -q QUESTION), or -i for a prompt loop")
+        ap.error("give a question (or -q QUESTION), or -i for a prompt loop")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return ask(question, overrides, args.corpus, args.interactive)
@@ -149,7 +160,8 @@ def ask(question: str, overrides: list[str], corpus: str | None, interactive: bo
         t0 = time.perf_counter()
         # --corpus must select documents of this corpus: a typo would silently retrieve nothing.
         settings = load(cfg)
-        session = open_session(settings, askers=[(f"--corpus {corpus!r}", corpus, None)])
+        # Typed questions need no question set: on a corpus of your own (qa=none) there is none.
+        session = open_session(settings, askers=[(f"--corpus {corpus!r}", corpus, None)], scored=False)
         session.generator.warm_up()
         load_s = time.perf_counter() - t0
         built = [kind for kind, a in session.artifacts.record.items() if not a["hit"]]
@@ -173,4 +185,4 @@ def ask(question: str, overrides: list[str], corpus: str | None, interactive: bo
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -20,6 +20,11 @@ same way, consulted only on a miss. A seeded artifact whose checksums hold is co
 instead of being built, and a seeded record is read where it lies. The repository's seed holds what
 `make demo` would otherwise compute from the data it ships (data/seed/README.md); any other input
 gives other keys, so the seed is never consulted for them.
+
+Records (one small JSON result each: an answer, a judgement, a question's scores) are checked like
+artifacts: the cache's own carry the sha256 of their body, the seed's are listed with the sha256 of
+their bytes in the seed's manifest (`SEED.json`). A record that fails its check, or is for another
+key, is reported by name and read as absent, so that its caller computes it again.
 """
 from __future__ import annotations
 
@@ -44,11 +49,18 @@ from rag.types import RagError
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+SEED_INDEX = "SEED.json"  # the seed's manifest: its artifacts, and its records' checksums (rag.seed)
+RECORD_SUMS = "record_sha256"  # SEED.json's {kind: {key: sha256 of the record's file}}
 KEY_CHARS = 20  # 80 bits of sha256: collision-free for any realistic cache
 # Files this process has hashed and found intact, by (path, size, mtime, inode): a file that is
 # rewritten or replaced gets a new stat and is hashed again. Files it built itself are not entered,
 # so that the first lookup after a build still reads what is on disk.
 _VERIFIED: dict[tuple[str, int, int, int], str] = {}
+# Damaged records already reported by this process, by the same stat: a record that several stages
+# look up is named once, and again only once it has been rewritten and damaged anew.
+_REPORTED: set[tuple[str, int, int, int]] = set()
+# The seed's record checksums, parsed once per version of its SEED.json.
+_SEED_SUMS: dict[Path, tuple[tuple[int, int, int], dict[str, Any]]] = {}
 
 
 def canonical_json(obj: Any) -> str:
@@ -392,19 +404,38 @@ class ArtifactCache:
         return (root or self.root) / kind / key[:2] / f"{key}.json"
 
     def get_record(self, kind: str, key: str) -> dict[str, Any] | None:
-        """A record written by `put_record`, or None. A record is one small JSON file written
-        atomically, so it is whole or absent; one that does not parse (a disk fault, a hand edit)
-        is treated as absent and will be rewritten. A record this cache lacks is read from the
-        seed, where it lies."""
-        exists, data = _read_json(self.record_path(kind, key), "record")
-        if not exists and self.seed is not None:
-            exists, data = _read_json(self.record_path(kind, key, self.seed), "seed record")
-        return data if isinstance(data, dict) and data.get("key") == key else None
+        """A record written by `put_record` (its fields and `key`), or None. A record that fails its
+        checksum (a flipped byte, a truncated file), holds another key (a moved file) or carries no
+        checksum (written by an older ragrig) is reported by name and read as absent: the caller
+        computes it again and `put_record` replaces it. A record this cache lacks is read from the
+        seed, where it lies, once its bytes match the seed's manifest."""
+        record = _checked_record(self.record_path(kind, key), key, _unseal, "record", "rebuilding it")
+        if record is None and self.seed is not None:
+            record = self._seed_record(kind, key)
+        return record
 
     def put_record(self, kind: str, key: str, record: Mapping[str, Any]) -> None:
         """Results that arrive one at a time (answers from a server) are recorded as they come,
-        so that a run that dies mid-way keeps what it paid for."""
-        atomic_write_text(self.record_path(kind, key), json.dumps({**record, "key": key}, ensure_ascii=False, default=str))
+        so that a run that dies mid-way keeps what it paid for. The file holds the record's body
+        and the sha256 of its canonical JSON, which `get_record` checks."""
+        body = json.loads(json.dumps({**record, "key": key}, ensure_ascii=False, default=str))
+        sealed = {"sha256": _body_sha256(body), "body": body}
+        atomic_write_text(self.record_path(kind, key), json.dumps(sealed, ensure_ascii=False))
+
+    def _seed_record(self, kind: str, key: str) -> dict[str, Any] | None:
+        assert self.seed is not None
+        index = self.seed / SEED_INDEX
+        expected = _seed_record_sums(index).get(kind, {}).get(key)
+
+        def verify(raw: bytes) -> tuple[Any, str | None]:
+            if not isinstance(expected, str):
+                return None, f"has no checksum in {index}"
+            if hashlib.sha256(raw).hexdigest() != expected:
+                return None, f"is damaged (its sha256 differs from the one in {index})"
+            return _parse(raw)
+
+        return _checked_record(self.record_path(kind, key, self.seed), key, verify, "seed record",
+                               "computing it instead")
 
     @staticmethod
     def _remove_stale_tmp(parent: Path) -> None:
@@ -419,15 +450,95 @@ class ArtifactCache:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def _read_json(path: Path, what: str) -> tuple[bool, Any]:
-    """(whether the file exists, its JSON or None when it does not parse)."""
+def _body_sha256(body: Any) -> str:
+    """The checksum of a record's body: of its canonical JSON, which parsing and writing again
+    reproduces exactly (floats round-trip through their repr)."""
+    return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+
+
+def _parse(raw: bytes) -> tuple[Any, str | None]:
+    """(the JSON in `raw`, None) or (None, what is wrong with it)."""
     try:
-        return True, json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, NotADirectoryError):
-        return False, None
+        return json.loads(raw.decode("utf-8")), None
     except (ValueError, UnicodeDecodeError):
-        log.warning("cache: %s %s is unreadable; ignoring it", what, path)
-        return True, None
+        return None, "is damaged (not valid JSON: truncated or overwritten)"
+
+
+OLDER_RECORD = "has no checksum (written by an older ragrig)"
+
+
+def _unseal(raw: bytes) -> tuple[Any, str | None]:
+    """(a cache record's body, None) when its checksum holds, else (None, what is wrong)."""
+    data, problem = _parse(raw)
+    if problem is not None:
+        return None, problem
+    if not (isinstance(data, dict) and set(data) == {"sha256", "body"}):
+        return None, OLDER_RECORD
+    if _body_sha256(data["body"]) != data["sha256"]:
+        return None, "is damaged (its body does not match its sha256)"
+    return data["body"], None
+
+
+def _checked_record(path: Path, key: str, verify: Callable[[bytes], tuple[Any, str | None]],
+                    what: str, remedy: str) -> dict[str, Any] | None:
+    """The record in `path` if `verify` passes it and it is `key`'s; None when there is none or
+    it fails (reported once per version of the file: "cache: <what> <path> <problem>; <remedy>")."""
+    try:
+        body, problem = verify(path.read_bytes())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:  # a directory or an unreadable file where the record belongs
+        body, problem = None, f"is unreadable ({e.strerror})"
+    if problem is None and not isinstance(body, dict):
+        problem = "is damaged (not a JSON object)"
+    elif problem is None and body.get("key") != key:
+        problem = f"is damaged (it holds the record of key {body.get('key')!r}, not {key!r}: a moved or copied file)"
+    if problem is None:
+        return body
+    if problem == OLDER_RECORD:
+        # A cache from before records carried checksums holds many of them: one line per kind's
+        # folder, not one per record.
+        _report_once(path.parent.parent, f"cache: {what}s in {path.parent.parent} have no checksum (written by an "
+                                         "older ragrig); rebuilding each as it is read")
+        return None
+    _report_once(path, f"cache: {what} {path} {problem}; {remedy}")
+    return None
+
+
+def _report_once(path: Path, line: str) -> None:
+    try:
+        st = path.stat()
+        seen = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    except OSError:
+        seen = (str(path), -1, -1, -1)
+    if seen not in _REPORTED:
+        _REPORTED.add(seen)
+        log.warning("%s", line)
+
+
+def _seed_record_sums(index: Path) -> dict[str, Any]:
+    """{kind: {key: sha256}} from the seed's manifest; {} when it has none (then no seed record
+    is trusted). Parsed once per version of the file."""
+    try:
+        st = index.stat()
+    except OSError:
+        return {}
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    cached = _SEED_SUMS.get(index)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    try:
+        data, problem = _parse(index.read_bytes())
+    except OSError as e:
+        data, problem = None, f"is unreadable ({e.strerror})"
+    sums = data.get(RECORD_SUMS) if isinstance(data, dict) else None
+    if problem is not None or not isinstance(sums, dict):
+        _report_once(index, f"cache: seed manifest {index} {problem or 'lists no record checksums'}; "
+                            "its records are computed instead")
+        sums = {}
+    sums = {kind: keys for kind, keys in sums.items() if isinstance(keys, dict)}
+    _SEED_SUMS[index] = (stamp, sums)
+    return sums
 
 
 def check_cache_root(root: Path, setting: str = "paths.cache or RAGRIG_CACHE") -> None:

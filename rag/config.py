@@ -3,6 +3,7 @@ one-line form of Hydra's configuration errors shared by every command-line entry
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -34,8 +35,15 @@ def register_resolvers() -> None:
 
 def config_error_line(e: BaseException) -> str:
     """Hydra's and OmegaConf's composition errors as one line: the problem, the bad override and,
-    for an unknown config-group option, the options there are (no search path, no doc links)."""
-    unknown = _unknown_key_line(e)
+    for an unknown config-group option, the options there are (no search path, no doc links). A
+    secret-looking value in the quoted override is redacted (rag.secrets)."""
+    from rag.secrets import redact_assignments
+
+    return redact_assignments(_config_error_line(e))
+
+
+def _config_error_line(e: BaseException) -> str:
+    unknown = _other_option_line(e) or _unknown_key_line(e)
     if unknown:
         return unknown
     lines = [ln.strip() for ln in str(e).splitlines()]
@@ -100,6 +108,47 @@ def _unknown_key_line(e: BaseException) -> str | None:
     if keys:
         line += f"; its keys: {', '.join(keys)}"
     return line + f". To add a new key use +{full_key}={value}"
+
+
+def _other_option_line(e: BaseException) -> str | None:
+    """An override of a setting that the chosen option of a config group lacks but another option
+    has (corpus.path=docs.jsonl while corpus=mixed): Hydra's hint, +corpus.path, would add a key
+    the chosen corpus cannot read; the fix is to choose the option that has it."""
+    cause = e.__cause__
+    if "not in struct" not in str(cause or "") or not getattr(cause, "full_key", None):
+        return None
+    full_key = str(cause.full_key)
+    group, _, key = full_key.partition(".")
+    having = options_with(group, key)
+    if not having:
+        return None
+    # Hydra names the value only in its own hint: "To append to your config use +corpus.path=x"
+    given = re.search(rf"\+{re.escape(full_key)}=(.*)$", str(e))
+    value = given.group(1).strip() if given else "..."
+    first, rest = having[0], having[1:]
+    others = f" (and {', '.join(rest)})" if rest else ""
+    return f"{full_key} is a setting of {group}={first}{others}; add {group}={first} before {full_key}={value}"
+
+
+_ABSENT = object()
+
+
+def options_with(group: str, key: str) -> list[str]:
+    """The options of config group `group` (conf/<group>/*.yaml) that set the dotted `key`: those
+    that require it (`???`) first, your own files' option (jsonl) first among them."""
+    import yaml
+
+    folder = PROJECT_ROOT / "conf" / group
+    if not key or not folder.is_dir():
+        return []
+    found = []
+    for f in folder.glob("*.yaml"):
+        node = yaml.safe_load(f.read_text(encoding="utf-8"))
+        for part in key.split("."):
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:
+            found.append((node != "???", f.stem != "jsonl", f.stem))
+    return [stem for *_, stem in sorted(found)]
 
 
 def is_config_error(e: BaseException) -> bool:

@@ -2,11 +2,17 @@
 judge, the listwise reranker), embeddings (`embedder=openai`) and `/rerank` (`reranker=http`).
 
 The connections are httpx's (a pooled, thread-safe client per endpoint); what a request may cost
-is ours, the same for every role. A request is bounded: a per-request timeout and at most
-`max_retries` retries, with exponential backoff and jitter, on what is worth retrying (429, 5xx,
-timeouts, refused or broken connections), honouring the server's Retry-After. Anything else (a
-wrong URL, an unknown model, a bad key, a reply the role cannot read after its retries) is a
-one-line `EndpointError` naming the config node, the URL and the model.
+is ours, the same for every role. A request is bounded: one deadline (`timeout_s`) for all of it,
+connecting, sending and the whole reply (rag/http_deadline.py), a cap on the reply's size, and at
+most `max_retries` retries, with exponential backoff and jitter, on what is worth retrying (429,
+5xx, timeouts, refused or broken connections), honouring the server's Retry-After. Anything else
+(a wrong URL, an unknown model, a bad key, a redirect loop, a reply the role cannot read after its
+retries) is a one-line `EndpointError` naming the config node, the URL and the model.
+
+A reply is data to check, like a file: its JSON is read strictly (NaN, Infinity and numbers too
+large for a float are refused where they stand), and a role's parser raises `BadReply` for a
+reply of the right shape whose content is wrong (a missing index, a score that is no number).
+Such a reply is refused at once, not retried: the server answered, wrongly.
 
 The API key is read from the environment variable the config names (`api_key_env`) and is kept
 out of every message and `repr`; configs, caches and outputs only ever hold the variable's name.
@@ -26,6 +32,10 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
+from rag.http_deadline import DeadlineTransport, deadline, seconds_left
+from rag.reply import BadReply, decode_reply
+from rag.secrets import problem as secret_problem
+from rag.secrets import redact, redact_url
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -35,6 +45,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 T = TypeVar("T")
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 MAX_RETRY_AFTER_S = 120.0  # a server asking for longer is treated as down rather than waited for
+MAX_BODY_BYTES = 256 * 2**20  # far above any reply a role reads (64 texts x 4096-d vectors is ~6 MiB)
 
 
 class EndpointError(RagError):
@@ -99,7 +110,11 @@ class Endpoint:
         parts = urlsplit(str(self.base_url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise RagError(f"{self.what}.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
-                           f"got {self.base_url!r}")
+                           f"got {redact_url(str(self.base_url))!r}")
+        if parts.username is not None or parts.password is not None:
+            # every message names the URL; the key comes from api_key_env instead
+            raise RagError(secret_problem(f"{self.what}.base_url", str(self.base_url))
+                           or f"{self.what}.base_url must not hold credentials")
         if not self.model or not str(self.model).strip():
             raise RagError(f"{self.what}.model must name the model the endpoint serves")
         for name in ("timeout_s", "backoff_s", "max_backoff_s"):
@@ -144,8 +159,9 @@ class Endpoint:
                 if self._key:
                     headers["Authorization"] = f"Bearer {self._key}"
                 n = max(1, int(self.connections))
+                limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
                 self._client = httpx.Client(headers=headers, timeout=float(self.timeout_s), follow_redirects=True,
-                                            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+                                            limits=limits, transport=DeadlineTransport(limits))
             return self._client
 
     def close(self) -> None:
@@ -158,21 +174,27 @@ class Endpoint:
         return self.base_url + path
 
     def redact(self, text: str) -> str:
-        return text.replace(self._key, "***") if self._key else text
+        return redact(text.replace(self._key, "***") if self._key else text)
 
     def _send(self, method: str, path: str, payload: dict[str, Any] | None) -> tuple[int, dict[str, str], str]:
         """One attempt: (status, lower-cased headers, body), or a `_Failure` for the transport's errors."""
         import httpx
 
         try:
-            try:
-                resp = self.client.request(method, self.url(path), json=payload)
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-                # A kept-alive connection the server closed in the meantime fails at once, before
-                # any response: that is no failed attempt, just a new connection (once).
-                resp = self.client.request(method, self.url(path), json=payload)
+            with deadline(float(self.timeout_s)):
+                try:
+                    return self._exchange(method, path, payload)
+                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                    # A kept-alive connection the server closed in the meantime fails at once, before
+                    # any response: that is no failed attempt, just a new connection (once).
+                    return self._exchange(method, path, payload)
         except httpx.TimeoutException:
-            raise _Failure(f"no response within {self.timeout_s:g} s ({self.what}.timeout_s)", retry=True) from None
+            raise _Failure(f"no complete response within {self.timeout_s:g} s ({self.what}.timeout_s)",
+                           retry=True) from None
+        except httpx.TooManyRedirects as e:
+            raise EndpointError(f"{self.what}: {method} {self.url(path)} was redirected more than "
+                                f"{self.client.max_redirects} times, last to {self.redact(str(e.request.url))} "
+                                f"(a redirect loop); check {self.what}.base_url", unreachable=True) from None
         except httpx.ConnectError as e:
             text = str(e)
             if "Name or service not known" in text or "nodename nor servname" in text or "getaddrinfo" in text \
@@ -186,14 +208,43 @@ class Endpoint:
             raise _Failure(f"cannot connect to {self.base_url} ({what})", retry=True, unreachable=True) from None
         except (httpx.TransportError, httpx.DecodingError) as e:  # reset, broken pipe, protocol errors
             raise _Failure(f"the connection broke ({type(e).__name__})", retry=True) from None
-        return resp.status_code, {k.lower(): v for k, v in resp.headers.items()}, resp.text
+
+    def _exchange(self, method: str, path: str, payload: dict[str, Any] | None) -> tuple[int, dict[str, str], str]:
+        """The request and its whole reply, read in pieces against the deadline and the size cap."""
+        import httpx
+
+        with self.client.stream(method, self.url(path), json=payload) as resp:
+            body = bytearray()
+            for piece in resp.iter_bytes():
+                body += piece
+                if len(body) > MAX_BODY_BYTES:
+                    raise self.bad_reply(path, f"a reply of more than {MAX_BODY_BYTES // 2**20} MiB", method)
+                left = seconds_left()  # the sockets keep the deadline; this is for a proxy's transport
+                if left is not None and left <= 0:
+                    raise httpx.ReadTimeout("the request's deadline has passed")
+            text = body.decode(resp.encoding or "utf-8", errors="replace")
+            return resp.status_code, {k.lower(): v for k, v in resp.headers.items()}, text
+
+    def bad_reply(self, path: str, what: str, method: str = "POST") -> EndpointError:
+        """A reply refused for its content: one line, never retried (the server answered, wrongly)."""
+        return EndpointError(f"{self.what}: {method} {self.url(path)} answered wrongly: {self.redact(what)} "
+                             f"({self.what}.model={self.model}); nothing of this reply is kept")
+
+    def _read(self, path: str, text: str, parse: Callable[[Any], T | None]) -> T | None:
+        try:
+            return parse(decode_reply(text))
+        except BadReply as e:
+            raise self.bad_reply(path, str(e)) from None
+        except ValueError:
+            return None
 
     # -- requests ---------------------------------------------------------------------------
 
     def post(self, path: str, payload: dict[str, Any], parse: Callable[[Any], T | None],
              stop: threading.Event | None = None) -> Reply[T]:
         """POST `payload` to `path`, retried on transient failures; `parse` turns the JSON reply
-        into the role's value (None: unreadable, retried like a 5xx). `stop` set by another thread
+        into the role's value (None: unreadable, retried like a 5xx; `BadReply`: refused at once).
+        A request past its deadline is a timeout, retried like one. `stop` set by another thread
         ends the retries early (with `Cancelled`)."""
         t0 = time.perf_counter()
         last, unreachable, status = "no attempt", False, None
@@ -208,10 +259,7 @@ class Endpoint:
             else:
                 unreachable = False
                 if code == 200:
-                    try:
-                        value = parse(json.loads(text))
-                    except ValueError:
-                        value = None
+                    value = self._read(path, text, parse)
                     if value is not None:
                         return Reply(value, 1000.0 * (time.perf_counter() - t0), attempt + 1)
                     last, status = f"an unreadable response body: {_one_line(self.redact(text))[:200]}", None
@@ -273,8 +321,8 @@ class Endpoint:
         if status != 200:
             return None
         try:
-            ids = [str(m["id"]) for m in json.loads(text).get("data", [])]
-        except (ValueError, KeyError, TypeError, AttributeError):
+            ids = [str(m["id"]) for m in decode_reply(text).get("data", [])]
+        except (BadReply, ValueError, KeyError, TypeError, AttributeError):
             return None
         if ids and self.model not in ids:
             shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")

@@ -2,15 +2,15 @@
 report.html, whole or not at all; and the plain-text table a run prints."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from omegaconf import OmegaConf
 
 from eval.trec import format_qrels, format_run
+from experiments import metric_info as MI
+from rag import strict_json
 from rag.cache import atomic_write_text
 from rag.plan import format_plan
 from rag.settings import RunReport
@@ -29,9 +29,9 @@ def write_results(
     output_dir.mkdir(parents=True, exist_ok=True)
     files = {
         **(extra or {}),
-        "per_question.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+        "per_question.jsonl": "".join(strict_json.dumps(r, ensure_ascii=False) + "\n" for r in records),
         "config_resolved.yaml": OmegaConf.to_yaml(OmegaConf.create(result["config"])),
-        "metrics.json": json.dumps(result, indent=2, default=_json_default),
+        "metrics.json": strict_json.dumps(result, indent=2, default=str),
     }
     written: list[Path] = []
     try:
@@ -42,12 +42,6 @@ def write_results(
         for p in written:
             p.unlink(missing_ok=True)
         raise
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    return str(o)
 
 
 def trec_files(tag: str, records: list[dict[str, Any]], qa: list[QAItem]) -> dict[str, str]:
@@ -91,7 +85,10 @@ def format_table(result: dict[str, Any]) -> str:
         return format_plan(result["dry_run"])
     metrics = list(result["metrics"])
     corpora = list(result["by_corpus"])
-    header = f"{'metric':<18}{'all':>22}" + "".join(f"{c:>12}" for c in corpora)
+    k = ((result.get("config") or {}).get("eval") or {}).get("k", "k")
+    names = {m: MI.label(m, k) for m in metrics}
+    w = max([18, *(len(n) + 2 for n in names.values())])
+    header = f"{'metric':<{w}}{'all':>22}" + "".join(f"{c:>12}" for c in corpora)
     lines = [f"variant {result['variant']}: {result['counts']['questions']} questions, "
              f"{result['counts']['documents']} documents, {result['counts']['chunks']} chunks", header]
     for m in metrics:
@@ -101,7 +98,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{result['by_corpus'][c][m]['mean']:>12.3f}" if result["by_corpus"][c].get(m, {}).get("mean") is not None
             else f"{'-':>12}" for c in corpora
         )
-        lines.append(f"{m:<18}{cell:>22}{per}" + judged_note(o))
+        lines.append(f"{names[m]:<{w}}{cell:>22}{per}" + judged_note(o))
     c = result.get("compression")
     if c:
         lines.append(f"compression ({c['compressor']}): {c['chars_removed_share']:.0%} of the answered questions' context "

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from eval.scoring import add_judge_scores, score
 from rag import latency, plan
 from rag.artifacts import Answers, answers_key
-from rag.corpus.slicing import answer_subset
+from rag.corpus.slicing import Kept, answer_subset
 from rag.llm.answer_cache import usage_totals
 from rag.output import trec_files, write_report, write_results
 from rag.query import retrieve_rerank_all
@@ -71,6 +71,8 @@ def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]
     contexts = session.context_builder.build(ranked.hits, session.chunk_set)
     contexts, compression = compress(session, answered, contexts)
     out = answer(session, answered, contexts)
+    if out.made is not None:  # an answer sample matters only where answers are generated
+        note_answered(session, answered)
     ranked.latency_method["generate"] = (
         "no answers" if out.made is None else "answers from the cache: not timed in this run"
         if out.generate_ms is None else "every question: its share of its batch's wall time")
@@ -185,7 +187,18 @@ def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[s
         config=config.resolved,
         routing=routing,
         compression=compression,
+        slice={what: k.to_json() for what, k in session.kept.items()},
     )
+
+
+def note_answered(session: Session, answered: list[int]) -> None:
+    """The answered sample beside the slice's other samples (metrics.json `slice`), and said in
+    one line when it leaves questions unanswered."""
+    kept = Kept("answered questions", len(answered), len(session.qa), "slice.answer_questions_per_corpus",
+                session.config.slice.answer_questions_per_corpus)
+    session.kept["answered_questions"] = kept
+    if kept.sampled:
+        log.warning(kept.line())
 
 
 def run_judge(session: Session, records: list[dict[str, Any]], aggregates: dict[str, Any],

@@ -13,18 +13,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rag.corpus.base import as_path, concatenate_parts, file_fingerprint, jsonl_records, text_field
+from rag.corpus.base import (aliased_field, as_path, concatenate_parts, file_fingerprint, jsonl_records, present_field,
+                             text_field)
 from rag.corpus.beir import BeirQuestions
 from rag.corpus.mixed import instantiate_parts, part_fingerprint
 from rag.corpus.pubmedqa import document_text, load_pubmedqa, pmid_id
 from rag.corpus.slicing import slice_questions
 from rag.types import QAItem, RagError, Relevance
 
-__all__ = ["BeirQuestions", "JsonlQuestions", "MixedQuestions", "PubMedQAQuestions", "parse_relevant"]
+__all__ = ["BeirQuestions", "JsonlQuestions", "MixedQuestions", "NoQuestions", "PubMedQAQuestions", "parse_relevant"]
 
 PUBMEDQA_LABELS = ("conclusion", "abstract")
 
 PARTS = ("all", "train", "test")
+# The question file's fields other than the three renamable ones, and their old names.
+QUESTION_NAMES = ("doc_id", "source", "group", "corpus", "relevant")
 SLICE_KEYS = ("questions_per_corpus", "seed")
 
 
@@ -215,35 +218,68 @@ def parse_relevant(value: Any, where: str) -> tuple[Relevance, ...]:
 
 
 class JsonlQuestions(QuestionSet):
-    """One JSON object per line: id, question, answer, optional source (document id), corpus
-    (source tag) and relevant (graded labels, see `parse_relevant`; without it, `source` is the
-    one relevant document, grade 1). A question with labels may leave out the answer."""
+    """One JSON object per line: id, question, answer, and optionally doc_id (the id of the
+    document that holds the answer), group (the question's group tag, as the corpus file's
+    `group`) and relevant (graded labels, see `parse_relevant`; without it, `doc_id` is the one
+    relevant document, grade 1). A question with labels may leave out the answer.
 
-    def __init__(self, path: str | os.PathLike[str], split: QuestionSplit | Mapping[str, Any] | None = None) -> None:
+        {"id": "q1", "question": "When do backups run?", "answer": "Nightly at 02:00.", "doc_id": "note-1", "group": "ops"}
+
+    Files written before these names read as well: `source` is the old name of `doc_id` and
+    `corpus` of `group`. `id_field`, `question_field` and `answer_field` read those from fields
+    of other names."""
+
+    def __init__(self, path: str | os.PathLike[str], split: QuestionSplit | Mapping[str, Any] | None = None,
+                 id_field: str = "id", question_field: str = "question", answer_field: str = "answer") -> None:
         super().__init__(split)
         self.path = as_path(path)
+        self.fields = {"id": id_field, "question": question_field, "answer": answer_field}
 
     def inputs_fingerprint(self) -> dict[str, Any]:
-        return {"inputs": file_fingerprint(self.path)}
+        renamed = {f"{k}_field": v for k, v in self.fields.items() if v != k}
+        # Only renamed fields: the default reading keeps the fingerprint it always had.
+        return {"inputs": file_fingerprint(self.path), **({"fields": renamed} if renamed else {})}
 
     def items(self) -> list[QAItem]:
         items: list[QAItem] = []
-        for where, qid, obj in jsonl_records(self.path, "id", "question"):
+        id_field, question_field, answer_field = self.fields.values()
+        read = {*self.fields.values(), *QUESTION_NAMES}
+        for where, qid, obj in jsonl_records(self.path, id_field, "question", "qa.id_field", read - {id_field}):
             relevant = parse_relevant(obj.get("relevant"), where)
+            question = present_field(obj, question_field, where, "qa.question_field", taken=read - {question_field})
+            # Labelled questions may leave the answer out: only the similarity metrics need it.
+            answer = (text_field(obj, answer_field, where, required=False) if relevant else
+                      present_field(obj, answer_field, where, "qa.answer_field", taken=read - {answer_field},
+                                    otherwise="(or give graded 'relevant' labels)"))
             items.append(
                 QAItem(
                     id=qid,
-                    question=text_field(obj, "question", where),
-                    # Labelled questions may leave the answer out: only the similarity metrics need it.
-                    answer=text_field(obj, "answer", where, required=not relevant),
-                    source=text_field(obj, "source", where, required=False, is_id=True),
-                    corpus=text_field(obj, "corpus", where, required=False),
+                    question=question,
+                    answer=answer,
+                    source=aliased_field(obj, "doc_id", "source", where, is_id=True)[0],
+                    corpus=aliased_field(obj, "group", "corpus", where)[0],
                     relevant=relevant,
                 )
             )
         if not items:
             raise RagError(f"{self.path}: the question set is empty")
         return items
+
+
+class NoQuestions(QuestionSet):
+    """qa=none: no question set. `python -m rag.ask` answers typed questions without one; a run,
+    which scores questions, says what to add (rag.session)."""
+
+    HINT = "qa=none: a run scores a question set; add qa=jsonl qa.path=my_questions.jsonl (python -m rag.ask needs none)"
+
+    def inputs_fingerprint(self) -> dict[str, Any]:
+        return {}
+
+    def items(self) -> list[QAItem]:
+        return []
+
+    def load(self) -> list[QAItem]:
+        return []
 
 
 class MixedQuestions(QuestionSet):

@@ -27,7 +27,7 @@ ABSENT: Any = _Absent()
 # Every metrics.json ever written has these; the others came later (or appear only sometimes).
 REQUIRED = ("variant", "objective", "metrics", "by_corpus", "counts", "latency", "timings_s", "artifacts", "config")
 # metrics.json's key order, which pipeline.run has always kept; optional keys slot in where it put them.
-KEY_ORDER = ("variant", "objective", "metrics", "by_corpus", "counts", "qa_split", "latency", "latency_method",
+KEY_ORDER = ("variant", "objective", "metrics", "by_corpus", "counts", "slice", "qa_split", "latency", "latency_method",
              "usage", "compression", "timings_s", "artifacts", "config", "routing")
 NAN = float("nan")
 
@@ -57,6 +57,11 @@ class RunResult:
     usage: dict[str, Any] | None = None  # None: absent (no usage was recorded)
     routing: dict[str, Any] | None = None  # None: absent (no router)
     compression: dict[str, Any] | None = None  # None: absent (compressor=none)
+    # What the slice kept of each input: {"questions" | "documents" | "answered_questions":
+    # {"kept": 50, "of": 60, "setting": "slice.questions_per_corpus", "value": 50}} (value null:
+    # everything kept; "answered_questions" only when answers were generated). None: absent (runs
+    # from before it was recorded). rag.corpus.slicing.Kept writes and reads each entry.
+    slice: dict[str, dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this code does not know, kept as read
 
     # -- reading and writing --------------------------------------------------------------------
@@ -81,7 +86,7 @@ class RunResult:
             **{k: doc[k] for k in REQUIRED[2:]},
             qa_split=doc.get("qa_split", ABSENT),
             latency_method=doc.get("latency_method"), usage=doc.get("usage"), routing=doc.get("routing"),
-            compression=doc.get("compression"),
+            compression=doc.get("compression"), slice=doc.get("slice"),
             extra={k: v for k, v in doc.items() if k not in KEY_ORDER},
         )
 
@@ -94,7 +99,7 @@ class RunResult:
         """The metrics.json document, keys in the order pipeline.run has always written them."""
         absent = {"qa_split": self.qa_split is ABSENT, "latency_method": self.latency_method is None,
                   "usage": not self.usage, "routing": self.routing is None,  # usage: never written empty
-                  "compression": not self.compression}
+                  "compression": not self.compression, "slice": self.slice is None}
         doc = {key: getattr(self, key) for key in KEY_ORDER if not absent.get(key, False)}
         doc["objective"] = {"name": self.objective.name, "value": self.objective.value}  # keeps its place
         return {**doc, **self.extra}

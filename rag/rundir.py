@@ -4,9 +4,14 @@ wrote it, and a sweep's summary covers exactly the jobs of that sweep.
 - Default directories are unique per process (`${ragrig_run_id:}` in conf/config.yaml), so runs
   started in the same second never share one.
 - A run claims its directory (`claim`): an exclusive lock held while it runs (a second run pointed
-  at the same directory stops with one line), a marker `.ragrig_run.json` (pid, start time and, in
-  a sweep, the sweep's id), and the removal of an earlier run's result files and log, so a rerun
-  into a fixed `hydra.run.dir` that fails leaves no stale metrics behind.
+  at the same directory stops with one line), a marker `.ragrig_run.json` (pid, start time, in a
+  sweep the sweep's id, and the files the run writes there), and the removal of an earlier run's
+  result files and log, so a rerun into a fixed `hydra.run.dir` that fails leaves no stale metrics
+  behind. ragrig removes or replaces only what a marker lists: a directory holding anything else
+  (files of the user's, or of another program) is refused before anything is written into it.
+- Hydra's record of the run (.hydra/config.yaml, hydra.yaml, overrides.yaml) is written by ragrig
+  (`write_hydra_record`) once the directory is claimed, with anything secret-looking redacted
+  (Hydra's own copy is off: `hydra.output_subdir: null`), so a refused run writes nothing.
 - A multirun stamps its sweep directory at start (`.ragrig_sweep.json`, a fresh id). A job
   directory belongs to that sweep when its marker carries the id (or, written by a job that died
   before claiming it, is no older than the stamp); job directories left by an earlier sweep in a
@@ -18,7 +23,6 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import socket
 import time
 import uuid
@@ -39,8 +43,16 @@ LOCK_FILE = ".ragrig.lock"
 # tests/test_rundir.py checks that a real run writes nothing that is not listed here.
 RESULT_FILES = ("metrics.json", "per_question.jsonl", "config_resolved.yaml", "failure.json",
                 "run.trec", "qrels.trec", "report.html", "dry_run.json")
+# The run's record of its configuration, written by write_hydra_record where Hydra would.
+HYDRA_RECORD = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
+LOG_FILE = "run.log"  # Hydra's job log, <job name>.log (run.py's job is `run`)
+# A marker written before markers listed their files: what ragrig wrote into a run directory then.
+_LEGACY_FILES = (*RESULT_FILES, *HYDRA_RECORD, LOG_FILE)
 # What a comparison report (a sweep's or experiments.compare's) writes, besides charts/.
 REPORT_FILES = ("summary.csv", "summary.md", "comparison.csv", "report.html")
+# The list of the files a comparison report wrote into its directory (experiments.report_files):
+# the only files a later report there removes or replaces.
+REPORT_MARKER = ".ragrig_report.json"
 # Temporary names of atomic writes (rag.cache.atomic_write_text) that a killed run left behind.
 STAGED_GLOB = ".*.tmp-*"
 
@@ -48,10 +60,15 @@ _held: dict[Path, IO[str]] = {}  # the locks of the directories this process has
 
 
 def claim(output_dir: str | Path, sweep_dir: str | Path | None = None, job: int | None = None) -> dict[str, Any]:
-    """Claims `output_dir` for this process; returns its marker. Raises RagError when another live
-    run holds it."""
+    """Claims `output_dir` for this process; returns its marker. Raises RagError, having written
+    nothing there, when the directory holds a file no ragrig run wrote or another live run holds it."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    foreign = foreign_entry(out, owned(read_marker(out)))
+    if foreign is not None:
+        setting = "hydra.sweep.dir" if sweep_dir is not None else "hydra.run.dir"
+        raise RagError(f"output directory {out} holds {foreign}, which no ragrig run wrote there; ragrig replaces "
+                       f"only its own results: give this run a new or empty {setting} (the default is unique per run)")
     if out.resolve() not in _held:  # a second job of this process in the same directory keeps the lock
         fh = open(out / LOCK_FILE, "a+")  # noqa: SIM115 -- held (locked) until the process exits
         try:
@@ -63,7 +80,7 @@ def claim(output_dir: str | Path, sweep_dir: str | Path | None = None, job: int 
                 "(the default is unique per run)"
             ) from None
         _held[out.resolve()] = fh
-    earlier = (out / RUN_MARKER).exists() or any((out / f).exists() for f in RESULT_FILES)
+    earlier = (out / RUN_MARKER).exists()
     if earlier:
         stale = [f for f in RESULT_FILES if (out / f).exists()]
         for f in stale:
@@ -81,23 +98,82 @@ def claim(output_dir: str | Path, sweep_dir: str | Path | None = None, job: int 
         "started": time.time(),
         "sweep_id": stamp["id"] if stamp else None,
         "job": job,
+        "files": sorted({*RESULT_FILES, *HYDRA_RECORD, *_log_names(out)}),
     }
     atomic_write_text(out / RUN_MARKER, json.dumps(marker, indent=2))
     return marker
 
 
+def owned(marker: dict[str, Any] | None) -> set[str]:
+    """The files (relative paths) a run directory's marker proves ragrig wrote; with no marker,
+    none but an empty log (Hydra may open one before the task, in an empty directory)."""
+    if marker is None:
+        return {LOCK_FILE}
+    files = marker.get("files")
+    listed = [str(f) for f in files] if isinstance(files, list) else list(_LEGACY_FILES)
+    return {RUN_MARKER, LOCK_FILE, *listed}
+
+
+def foreign_entry(d: Path, mine: set[str]) -> str | None:
+    """The first file under `d` (a relative path; a folder's own files before its subfolders') that
+    is not in `mine`, nor a staged copy of one (an atomic write that was interrupted), nor an empty
+    log; None when there is none. Folders are judged by their files (ragrig removes none); a link
+    to a folder is a file here. Stops at the first: a large folder given by mistake costs little."""
+    for top, dirs, files in os.walk(d):
+        dirs.sort()
+        links = [n for n in dirs if os.path.islink(os.path.join(top, n))]
+        for name in sorted([*files, *links]):
+            path = Path(top) / name
+            rel = path.relative_to(d).as_posix()
+            if rel in mine or _staged_target(rel) in mine:
+                continue
+            if rel == LOG_FILE and path.is_file() and not path.is_symlink() and path.stat().st_size == 0:
+                continue
+            return rel
+    return None
+
+
+def _staged_target(rel: str) -> str | None:
+    """The file an interrupted atomic write was replacing (`.metrics.json.tmp-ab12` -> metrics.json)."""
+    head, _, name = rel.rpartition("/")
+    if not name.startswith(".") or ".tmp-" not in name:
+        return None
+    target = name[1:].rpartition(".tmp-")[0]
+    return f"{head}/{target}" if head else target
+
+
+def _log_names(out: Path) -> list[str]:
+    """The log files Hydra's handlers write in `out` (run.log unless the job has another name)."""
+    names = [Path(h.baseFilename).name for h in logging.getLogger().handlers
+             if getattr(h, "baseFilename", None) and Path(h.baseFilename).parent == out.resolve()]
+    return names or [LOG_FILE]
+
+
 def _truncate_logs(out: Path) -> None:
-    """An earlier run's lines in the log file Hydra opened (in append mode) for this run."""
+    """An earlier run's lines in the log file Hydra opened (in append mode) for this run; a log
+    not opened yet (delayed until its first record) is removed, to be created afresh."""
     for h in logging.getLogger().handlers:
         name = getattr(h, "baseFilename", None)
-        stream = getattr(h, "stream", None)
-        if name and stream is not None and Path(name).parent == out.resolve():
-            h.acquire()
-            try:
+        if not name or Path(name).parent != out.resolve():
+            continue
+        h.acquire()
+        try:
+            stream = getattr(h, "stream", None)
+            if stream is None:
+                Path(name).unlink(missing_ok=True)
+            else:
                 stream.seek(0)
                 stream.truncate()
-            finally:
-                h.release()
+        finally:
+            h.release()
+
+
+def write_hydra_record(out: str | Path, texts: dict[str, str]) -> None:
+    """.hydra/config.yaml, hydra.yaml and overrides.yaml (`texts` by file name, YAML as Hydra
+    writes it; run.py redacts them), where Hydra would have written them: experiments.aggregate
+    reads them."""
+    for rel in HYDRA_RECORD:
+        atomic_write_text(Path(out) / rel, texts[Path(rel).name])
 
 
 def write_sweep_stamp(sweep_dir: str | Path) -> dict[str, Any]:
@@ -115,16 +191,28 @@ def write_sweep_stamp(sweep_dir: str | Path) -> dict[str, Any]:
     return stamp
 
 
+def report_listing(d: Path) -> list[str]:
+    """The files (relative paths) the comparison report in `d` wrote there, from its marker."""
+    marker = _read_json(Path(d) / REPORT_MARKER)
+    files = marker.get("files") if marker else None
+    return [str(f) for f in files if isinstance(f, str)] if isinstance(files, list) else []
+
+
 def remove_report(d: Path) -> list[str]:
-    """Removes a comparison report (experiments.report: REPORT_FILES and charts/) from `d`, so that
-    a new report written there has no stale table or chart of an earlier one beside it; returns
-    what it removed."""
-    gone = [p.name for p in (d / name for name in REPORT_FILES) if p.is_file()]
-    for name in gone:
-        (d / name).unlink(missing_ok=True)
-    if (d / "charts").is_dir():
-        shutil.rmtree(d / "charts", ignore_errors=True)
-        gone.append("charts/")
+    """Removes the comparison report a ragrig report wrote in `d` (the files its marker lists, and
+    the folders they leave empty), so that a new report written there has no stale table or chart
+    of an earlier one beside it; returns what it removed. Nothing it did not write is touched."""
+    d = Path(d)
+    gone = []
+    for rel in report_listing(d):
+        p = d / rel
+        if ".." not in Path(rel).parts and (p.is_file() or p.is_symlink()):
+            p.unlink(missing_ok=True)
+            gone.append(rel)
+    for folder in sorted({(d / rel).parent for rel in gone}, key=lambda p: -len(p.parts)):
+        if folder != d and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    (d / REPORT_MARKER).unlink(missing_ok=True)
     return gone
 
 

@@ -9,7 +9,7 @@ a question set with it; `rag.ask` answers typed questions with the same session.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.errors import InstantiationException
@@ -25,10 +25,11 @@ from rag.chunker import contextualize
 from rag.chunker.token import TokenChunker
 from rag.context import ContextBuilder
 from rag.latency import LatencySettings
-from rag.corpus.slicing import slice_documents, slice_questions
+from rag.corpus.slicing import Kept, slice_documents, slice_questions
 from rag.llm import Generator, NoGenerator
 from rag.models import use_cache
 from rag.plan import served
+from rag.qa import NoQuestions
 from rag.reranker.base import Reranker
 from rag.retriever import Retriever
 from rag.settings import Settings, to_plain
@@ -120,6 +121,9 @@ class Session:
     skipped: list[str]
     chunk_set: ChunkSet
     artifacts: Artifacts
+    # What the slice kept of each input ("documents", "questions"; the run adds "answered
+    # questions"): metrics.json's `slice`.
+    kept: dict[str, Kept] = field(default_factory=dict)
 
     # The components, under the names the stages use.
     settings = property(lambda self: self.parts.settings)
@@ -138,21 +142,26 @@ class Session:
         return max(self.settings.k, int(getattr(self.reranker, "top_n", 0) or 0))
 
 
-def open_session(settings: Settings, askers: list[Asker] = ()) -> Session:
+def open_session(settings: Settings, askers: list[Asker] = (), scored: bool = True) -> Session:
     """`askers`: more (who, corpus tag, answer document) whose source filters are checked with the
-    questions', before any model loads (rag.ask's --corpus)."""
+    questions', before any model loads (rag.ask's --corpus). `scored`: the session evaluates its
+    question set (a run), which qa=none cannot give; rag.ask answers typed questions without one."""
     timer = StageTimer()
     cache = ArtifactCache(settings.paths.cache, seed=settings.paths.seed)
     parts = create_components(settings, model_cache(settings))
+    if scored and isinstance(parts.questions, NoQuestions):
+        raise RagError(NoQuestions.HINT)
     artifacts = Artifacts(cache, timer=timer)
-    cut = settings.slice
 
     with timer.stage("corpus"):
         all_docs, skipped, all_qa = artifacts.inputs(parts.corpus, parts.questions)
-        qa = slice_questions(all_qa, cut.questions_per_corpus, cut.seed)
-        docs = slice_documents(all_docs, qa, cut.docs_per_source, cut.seed)
-        preflight.run(settings.objective, all_qa, all_docs, qa, docs, settings.max_doc_chars, parts.retriever,
-                      parts.reranker, askers)
+        qa, docs, kept = apply_slice(settings, all_qa, all_docs, scored)
+        if all_qa or scored:
+            preflight.run(settings.objective, all_qa, all_docs, qa, docs, settings.max_doc_chars, parts.retriever,
+                          parts.reranker, askers)
+        else:  # typed questions only (rag.ask on qa=none): the checks that need no question set
+            preflight.document_sizes(docs, settings.max_doc_chars)
+            parts.retriever.check_filters(list(askers), docs)
 
     with timer.stage("chunk"):
         chunk_set = artifacts.chunks(parts.chunker, to_plain(settings.nodes.chunker), docs)
@@ -180,10 +189,28 @@ def open_session(settings: Settings, askers: list[Asker] = ()) -> Session:
             parts.retriever.warm_up()
         if not (settings.dry_run and served(parts.reranker)):
             parts.reranker.warm_up()
-    session = Session(settings, cache, timer, parts, qa, docs, len(all_docs), skipped, chunk_set, artifacts)
+    session = Session(settings, cache, timer, parts, qa, docs, len(all_docs), skipped, chunk_set, artifacts, kept)
     if session.depth > len(chunk_set):
         log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", session.depth, len(chunk_set))
     return session
+
+
+def apply_slice(settings: Settings, all_qa: list[QAItem], all_docs: list[Document],
+                scored: bool = True) -> tuple[list[QAItem], list[Document], dict[str, Kept]]:
+    """The questions and documents the slice keeps, and what it kept of each; a sample that
+    leaves anything out says so (terminal and run.log) in one line. Typed questions (not
+    `scored`) are told only about the documents: the question set is not theirs."""
+    cut = settings.slice
+    qa = slice_questions(all_qa, cut.questions_per_corpus, cut.seed)
+    docs = slice_documents(all_docs, qa, cut.docs_per_source, cut.seed)
+    kept = {"questions": Kept("questions", len(qa), len(all_qa), "slice.questions_per_corpus", cut.questions_per_corpus),
+            "documents": Kept("documents", len(docs), len(all_docs), "slice.docs_per_source", cut.docs_per_source)}
+    if not scored:
+        del kept["questions"]
+    for k in kept.values():
+        if k.sampled:
+            log.warning(k.line())
+    return qa, docs, kept
 
 
 def model_cache(settings: Settings) -> ArtifactCache:

@@ -21,6 +21,7 @@ from rag.chunker.contextualize import check_mode
 from rag.latency import LatencySettings
 from rag.schema import (CHART_FORMATS, COMPONENT_RULES, Check, boolean, check_all, integer, label, number, path,
                         resolved, string, strings)
+from rag.secrets import check as check_secrets
 from rag.types import RagError
 
 
@@ -213,8 +214,13 @@ RULES: dict[str, Check] = {
 
 
 def validate(cfg: DictConfig) -> dict[str, Any]:
-    """Checks every known value of `cfg`; returns the resolved configuration."""
+    """Checks every known value of `cfg`; returns the resolved configuration. A secret-looking
+    value anywhere (a key, a key where a variable's name belongs, a URL's password: rag.secrets)
+    is refused first, in a line that does not repeat it: the resolved config is what metrics.json
+    and config_resolved.yaml record."""
+    check_secrets(OmegaConf.to_container(cfg, resolve=False))  # before a missing value is reported
     data = resolved(cfg)
+    check_secrets(data)  # and what interpolations (${oc.env:...}) resolved to
     check_all(data, RULES)
     return data
 

@@ -8,10 +8,39 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Reply = tuple[int, dict[str, str], Any]  # status, headers, body (dict -> JSON, str -> as is)
+Reply = tuple[int, dict[str, str], Any]  # status, headers, body (dict -> JSON, str -> as is, Trickle)
+
+
+@dataclass
+class Trickle:
+    """A reply sent slowly: `piece` bytes every `every_s` seconds. `body` once (with its
+    Content-Length); `forever`: a reply that claims a terabyte and never stops sending; `headers`:
+    the status line and headers trickle too, an endless header. The server gives up after
+    `limit_s` or when the client hangs up, so that no test can hang on it."""
+
+    body: Any = None
+    every_s: float = 0.05
+    piece: int = 1
+    forever: bool = False
+    headers: bool = False
+    limit_s: float = 8.0
+
+    def chunks(self) -> Any:
+        if self.headers:
+            yield b"HTTP/1.1 200 OK\r\n"
+            while True:
+                yield from (bytes([c]) for c in b"X-Slow: still coming\r\n")
+        data = (json.dumps(self.body) if not isinstance(self.body, str) else self.body).encode()
+        yield (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {10**12 if self.forever else len(data)}\r\n\r\n").encode()
+        while True:
+            yield from (data[i:i + self.piece] for i in range(0, len(data), self.piece))
+            if not self.forever:
+                return
 
 
 def completion(text: str, prompt_tokens: int = 10, completion_tokens: int = 5, model: str = "m") -> dict[str, Any]:
@@ -49,7 +78,23 @@ class ScriptedEndpoint:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def _trickle(self, slow: Trickle) -> None:
+                self.close_connection = True
+                end = time.monotonic() + slow.limit_s
+                try:
+                    for chunk in slow.chunks():
+                        if time.monotonic() > end:
+                            return
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                        time.sleep(slow.every_s)
+                except OSError:
+                    pass  # the client hung up: what a deadline is for
+
             def _reply(self, status: int, headers: dict[str, str], body: Any) -> None:
+                if isinstance(body, Trickle):
+                    self._trickle(body)
+                    return
                 data = (json.dumps(body) if not isinstance(body, str) else body).encode()
                 self.send_response(status)
                 for k, v in {"Content-Type": "application/json", **headers}.items():
@@ -111,6 +156,14 @@ class ScriptedEndpoint:
 
     def posted(self, suffix: str) -> list[dict[str, Any]]:
         return [r for r in self.requests if r["path"].endswith(suffix)]
+
+    def await_requests(self, n: int, within_s: float = 5.0) -> int:
+        """How many requests arrived, once `n` have or `within_s` passed: a client that gave up
+        (a timeout) can be faster than the server's thread that records its request."""
+        end = time.monotonic() + within_s
+        while len(self.requests) < n and time.monotonic() < end:
+            time.sleep(0.01)
+        return len(self.requests)
 
     @property
     def chat_requests(self) -> list[dict[str, Any]]:

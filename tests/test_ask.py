@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from rag.config import PROJECT_ROOT
-from tests.conftest import tiny_overrides
+from tests.conftest import MODEL_CACHE, tiny_overrides
 
 
 def ask(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -38,3 +38,14 @@ def test_bad_override_is_one_line(tiny_files):
     done = ask(["q?", *tiny_overrides(tiny_files), "eval.k=0"])
     assert done.returncode == 2
     assert "ragrig ask: error: eval.k must be positive, got 0" in done.stderr
+
+
+def test_ask_on_your_own_corpus_needs_no_question_set(tiny_files):
+    """No qa=...: corpus=jsonl comes with qa=none, and a typed question is answered from the
+    whole corpus (no PubMedQA question is checked against it)."""
+    own = [f"corpus.path={tiny_files['corpus']}", f"paths.cache={tiny_files['cache']}",
+           f"paths.model_cache={MODEL_CACHE}", "embedder.show_progress=false", "+version=v1"]
+    done = ask(["How does AdamW apply weight decay?", "corpus=jsonl", *own])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[1] torch:torch.optim.AdamW" in done.stdout
+    assert "question" not in done.stderr.lower(), "nothing about a question set"

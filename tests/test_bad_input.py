@@ -26,7 +26,7 @@ from rag.config import PROJECT_ROOT
 from rag.index import FlatL2Index
 from rag.pipeline import run
 from rag.types import RagError
-from tests.conftest import TINY_DOCS, TINY_QA, tiny_overrides, write_jsonl
+from tests.conftest import MODEL_CACHE, TINY_DOCS, TINY_QA, tiny_overrides, write_jsonl
 
 
 def docs_rows() -> list[dict]:
@@ -161,9 +161,21 @@ CASES = [
     Case("document with empty text", corpus_file(lambda t: _with_doc(t, id="blank", text="   ")), "document 'blank' has empty text"),
     Case("non-UTF-8 bytes on line 2", corpus_file(_non_utf8_line_2), "c.jsonl:2: invalid UTF-8 (byte 0xe9)"),
     Case("duplicate document ids", corpus_file(lambda t: _with_doc(t, id="man:fcntl.2", text="again")), "duplicate document id 'man:fcntl.2'"),
-    Case("document without an id", corpus_file(lambda t: _with_doc(t, text="no id here")), "missing or empty field 'id'"),
+    Case("document without an id", corpus_file(lambda t: _with_doc(t, text="no id here")),
+         "c.jsonl:10: no 'id' field (fields: source, text); set corpus.id_field=<field> to read another field"),
+    # a field under another name is missing, not empty, and the line names the setting that reads it
+    Case("document with content instead of text", corpus_file(lambda t: _with_doc(t, id="late", content="Under another name.")),
+         "c.jsonl:10: no 'text' field (fields: source, id, content); set corpus.text_field=content to read another field"),
+    Case("question with query instead of question",
+         qa_file(lambda t: _qa_with(t, qa_rows()[:2] + [{"id": "q3", "query": "Why?", "answer": "So.", "doc_id": "pmid:1"}])),
+         "q.jsonl:3: no 'question' field (fields: id, query, answer, doc_id); set qa.question_field=query to read another field"),
+    Case("question with response instead of answer",
+         qa_file(lambda t: _qa_with(t, [{"id": "q1", "question": "Why?", "response": "Because."}])),
+         "q.jsonl:1: no 'answer' field (fields: id, question, response); set qa.answer_field=response to read another "
+         "field (or give graded 'relevant' labels)"),
     # question sets
-    Case("question without answer", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "why?", "source": "man:fcntl.2"}])), "missing or empty field 'answer'"),
+    Case("question without answer", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "why?", "source": "man:fcntl.2"}])),
+         "q.jsonl:1: no 'answer' field (fields: id, question, source); set qa.answer_field=<field> to read another field"),
     Case("source that names no document", qa_file(lambda t: _qa_with(t, [{"id": "x", "question": "q?", "answer": "a", "source": "man:nothing.2"}])), "question 'x' names source 'man:nothing.2', which is not a document of the corpus"),
     Case("duplicate question ids", qa_file(lambda t: _qa_with(t, qa_rows() + [qa_rows()[0]])), "duplicate question id 'q1'"),
     Case("empty question set", qa_file(lambda t: write_lines(t / "q.jsonl", [])), "q.jsonl: file is empty"),
@@ -357,3 +369,42 @@ def test_a_20_mb_document_within_max_doc_chars_is_read_and_chunked_whole(tmp_pat
     chunks = SlidingWindowChunker(chunk_size=1000, chunk_overlap=100).split(big)
     assert text.startswith(chunks[0].text) and text.rstrip().endswith(chunks[-1].text.strip()), "first to last character"
     assert len(chunks) >= len(text) // 1000
+
+
+# ---- your own files: the group tag's name, the question set a run needs, the option a path needs ----
+
+def test_group_and_doc_id_read_as_the_old_source_and_corpus(tiny_files, compose_cfg, tmp_path):
+    new = {"corpus": write_jsonl(tmp_path / "docs.jsonl", [{"id": i, "text": t, "group": s} for i, s, t in TINY_DOCS]),
+           "qa": write_jsonl(tmp_path / "questions.jsonl", [{"id": i, "question": q, "answer": a, "doc_id": s, "group": c}
+                                                            for i, q, a, s, c in TINY_QA]),
+           "cache": tiny_files["cache"]}
+    old = run(compose_cfg(tiny_overrides(tiny_files)), tmp_path / "old")
+    renamed = run(compose_cfg(tiny_overrides(new)), tmp_path / "new")
+    assert _metrics(tmp_path / "new") == _metrics(tmp_path / "old")
+    assert set(renamed["by_corpus"]) == set(old["by_corpus"]) == {"libc", "pytorch", "pubmed"}
+
+
+def test_a_run_on_your_own_corpus_without_questions_says_which_to_add(tiny_files, compose_cfg, tmp_path):
+    cfg = compose_cfg([f"paths.model_cache={MODEL_CACHE}", "corpus=jsonl", f"corpus.path={tiny_files['corpus']}",
+                       f"paths.cache={tiny_files['cache']}"])
+    with pytest.raises(RagError) as err:
+        run(cfg, tmp_path / "out")
+    assert str(err.value) == ("qa=none: a run scores a question set; add qa=jsonl qa.path=my_questions.jsonl "
+                              "(python -m rag.ask needs none)")
+    assert not tiny_files["cache"].exists(), "said before the corpus is read"
+
+
+@pytest.mark.parametrize("entry", [["run.py", "hydra.run.dir=OUT"], ["-m", "rag.ask", "Why was fcntl64 added?"]])
+@pytest.mark.parametrize("extra,expect", [
+    (["corpus.path=docs.jsonl"],
+     "corpus.path is a setting of corpus=jsonl (and beir, pubmedqa); add corpus=jsonl before corpus.path=docs.jsonl"),
+    (["qa.path=questions.jsonl"],
+     "qa.path is a setting of qa=jsonl (and beir, pubmedqa); add qa=jsonl before qa.path=questions.jsonl"),
+])
+def test_a_path_given_without_its_option_names_the_option(entry, extra, expect, tmp_path):
+    args = [a.replace("OUT", str(tmp_path / "out")) for a in entry]
+    done = subprocess.run([sys.executable, *args, *extra], capture_output=True, text=True, cwd=PROJECT_ROOT,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith(f"error: {expect}"), done.stderr[-2000:]
+    assert "+corpus.path" not in done.stderr and "+qa.path" not in done.stderr and "Traceback" not in done.stderr

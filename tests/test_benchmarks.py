@@ -25,7 +25,8 @@ def _check_table(res):
 
 def test_registry_functions_take_quick_and_full():
     assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "medline", "ray_encoding",
-                             "generation", "serving", "served_models", "generation_speed", "retrieval_latency", "alpha_sweep",
+                             "generation", "serving", "served_models", "generation_speed", "openvino_generation",
+                             "retrieval_latency", "alpha_sweep",
                              "grid_sweep", "reranking", "demo"}
     for fn in REGISTRY.values():
         params = inspect.signature(fn).parameters
@@ -294,10 +295,12 @@ def test_headline_gathers_the_ratios_and_the_demos_times(tmp_path, layout):
     (tmp_path / "families").mkdir()
     (tmp_path / "families" / "results.json").write_text(json.dumps({"results": {
         "generation_speed": {"generation_speedup": 2.5, "generation_identical_share": 1.0},
+        "openvino_generation": {"generation_speedup_openvino": 3.1, "openvino_identical_share": 0.75},
         "onnx": {"embed_speedup": 1.6}}}))
     assert main(["--headline", "--out", str(tmp_path)]) == 0
     heads = json.loads((tmp_path / "headline.json").read_text())
     assert heads == {"generation_speedup": 2.5, "generation_identical_share": 1.0, "embed_speedup": 1.6,
+                     "generation_speedup_openvino": 3.1, "openvino_identical_share": 0.75,
                      "alpha_sweep_ratio": 1.1, "grid_sweep_ratio": 1.05, "demo_cold_s": 290.0, "demo_warm_s": 44.0,
                      "rerank_ms_per_question": 600.0}
     results = json.loads((tmp_path / "results.json").read_text())
@@ -377,3 +380,14 @@ def test_demo_tiny_times_the_demo_cold_then_warm(tmp_path):
     assert set(res["cold_stages_s"]) == {"v1", "v2"} and res["cold_stages_s"]["v1"]["embed"] > 0
     assert res["same_objectives_warm"] is True
     assert [r["measure"] for r in res["table"]][:3] == ["demo_cold_s", "demo_warm_s", "rerank_ms_per_question"]
+
+
+@pytest.mark.openvino
+def test_openvino_generation_benchmark_reports_the_speedup_and_the_answer_differences():
+    from benchmarks.openvino_generation import bench_openvino_generation
+
+    res = bench_openvino_generation(tiny=True)
+    assert res["n_questions"] == 3 and res["generation_speedup_openvino"] > 0
+    assert 0 <= res["openvino_identical_share"] <= 1
+    assert set(res["answer_differences"]) == {"answer_gt", "grounding", "hallucination"}
+    assert all("p_holm" in d for d in res["answer_differences"].values())

@@ -177,9 +177,12 @@ def test_an_unusable_cache_names_the_setting_that_chose_it(tmp_path):
 # -- the seed: read-only artifacts and records restored on a miss -------------------------------
 
 def _seed_with_thing(tmp_path):
-    seed_calls = []
-    ArtifactCache(tmp_path / "seed").get_or_build("thing", "k1", _writer(seed_calls))
-    ArtifactCache(tmp_path / "seed").put_record("scores", "r1", {"scores": [1.0, 2.0]})
+    from rag.seed import build_seed
+
+    seeding = ArtifactCache(tmp_path / "seeding")
+    seeding.get_or_build("thing", "k1", _writer([]))
+    seeding.put_record("scores", "r1", {"scores": [1.0, 2.0]})
+    build_seed(seeding.root, tmp_path / "seed", artifacts=("thing",), records=("scores",))
     return tmp_path / "seed"
 
 

@@ -64,10 +64,10 @@ def test_backoff_grows_exponentially():
 
 
 def test_timeouts_are_retried_then_reported():
-    with ScriptedEndpoint(delay_s=0.5) as srv:
-        with pytest.raises(EndpointError, match=r"no response within 0.2 s \(llm.timeout_s\)"):
-            endpoint(srv.base_url, timeout_s=0.2, max_retries=1).chat(MSG, {})
-        assert len(srv.chat_requests) == 2
+    with ScriptedEndpoint(delay_s=2.0) as srv:
+        with pytest.raises(EndpointError, match=r"no complete response within 0.5 s \(llm.timeout_s\)"):
+            endpoint(srv.base_url, timeout_s=0.5, max_retries=1).chat(MSG, {})
+        assert srv.await_requests(2) == 2
 
 
 def test_a_refused_connection_is_one_line():
@@ -176,3 +176,38 @@ def test_a_connection_the_server_closed_is_replaced_without_costing_an_attempt()
         ep = endpoint(srv.base_url, max_retries=0)
         done = [ep.chat(MSG, {}) for _ in range(3)]
     assert [d.attempts for d in done] == [1, 1, 1] and len(srv.chat_requests) == 3
+
+
+def reply_with(choice_message=None, usage=None):
+    body = completion("ok")
+    if choice_message is not None:
+        body["choices"][0]["message"] = choice_message
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+@pytest.mark.parametrize("body, what", [
+    (reply_with({"role": "assistant", "content": 42}), "choices[0].message.content is 42, not text"),
+    (reply_with(usage={"prompt_tokens": True, "completion_tokens": 1}), "usage.prompt_tokens is true, not a count of tokens"),
+    (reply_with(usage={"prompt_tokens": "many", "completion_tokens": 1}),
+     'usage.prompt_tokens is "many", not a count of tokens'),
+    (reply_with(usage={"prompt_tokens": 3, "completion_tokens": 1.5}), "usage.completion_tokens is 1.5, not a count of tokens"),
+    (reply_with(usage=[3, 1]), "usage is [3, 1], not an object"),
+])
+def test_a_completion_whose_text_or_counts_are_not_what_they_claim_is_refused(body, what):
+    """The counts become costs and the text an answer: a reply that gets them wrong is refused
+    at once, not half used."""
+    with ScriptedEndpoint(lambda r, n: (200, {}, body)) as srv:
+        with pytest.raises(EndpointError) as e:
+            endpoint(srv.base_url, max_retries=2).chat(MSG, {})
+        assert len(srv.chat_requests) == 1
+    assert str(e.value) == (f"llm: POST {srv.base_url}/chat/completions answered wrongly: {what} (llm.model=m); "
+                            "nothing of this reply is kept")
+
+
+def test_a_completion_without_counts_or_text_is_read_as_none_and_empty():
+    body = reply_with({"role": "assistant", "content": None}, usage={"prompt_tokens": None, "completion_tokens": 2.0})
+    with ScriptedEndpoint(lambda r, n: (200, {}, body)) as srv:
+        done = endpoint(srv.base_url).chat(MSG, {})
+    assert (done.text, done.prompt_tokens, done.completion_tokens) == ("", None, 2)

@@ -136,7 +136,8 @@ def test_a_comparison_into_a_reused_out_leaves_nothing_of_the_earlier_one(tmp_pa
     second = command(["-m", "experiments.compare", str(tmp_path / "runs" / "a"), "--out", str(tmp_path / "cmp"),
                       "--no-charts", "--no-html"])
     assert second.returncode == 0, second.stderr[-3000:]
-    assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == ["comparison.csv", "summary.csv", "summary.md"]
+    assert sorted(p.name for p in (tmp_path / "cmp").iterdir() if not p.name.startswith(".")) == [
+        "comparison.csv", "summary.csv", "summary.md"]  # (and the list of them: .ragrig_report.json)
     assert "held an earlier comparison" in second.stderr
 
 
@@ -243,3 +244,110 @@ def test_every_entry_point_answers_help():
     for module in ("rag.ask", "experiments.compare", "experiments.aggregate", "benchmarks"):
         done = command(["-m", module, "--help"], timeout=120)
         assert done.returncode == 0 and "usage" in done.stdout.lower(), (module, done.stderr[-2000:])
+
+
+# ---- a reader that stops early (| head -1, | grep -q) ------------------------------------------
+
+def to_closed_pipe(args: list[str], env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """The command with its stdout a pipe whose reader has gone, as under `| head -1` once head has
+    its line: every write to stdout meets a closed pipe."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([sys.executable, *args], stdout=write, stderr=subprocess.PIPE, text=True,
+                              cwd=PROJECT_ROOT, env={**ENV, **(env or {})}, timeout=timeout)
+    finally:
+        os.close(write)
+
+
+UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # as CI runners often set it: every print meets the pipe at once
+
+
+@pytest.mark.parametrize("entry", [
+    [str(PROJECT_ROOT / "run.py")], ["-m", "experiments.gate"], ["-m", "experiments.compare"],
+    ["-m", "experiments.report_check"], ["-m", "rag.ask"], ["-m", "rag.seed"], ["-m", "rag.corpus.export"],
+    ["-m", "rag.reranker.training"], ["-m", "rag.llm.servable"],
+])
+def test_every_entry_point_survives_a_closed_pipe(entry):
+    done = to_closed_pipe([*entry, "--help"], env=UNBUFFERED, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", (entry, done.stderr[-2000:])
+
+
+def test_compare_behind_a_closed_pipe_writes_its_report_and_exits_0(tmp_path):
+    good_run(tmp_path / "runs" / "a")
+    write_run(tmp_path / "runs" / "b", variant="v2", values={"mrr": [0.2, 0.6, 0.8], "recall_at_k": [1, 1, 1]})
+    done = to_closed_pipe(["-m", "experiments.compare", str(tmp_path / "runs"), "--out", str(tmp_path / "cmp"),
+                           "--no-charts"], env=UNBUFFERED)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (tmp_path / "cmp" / "summary.md").exists() and (tmp_path / "cmp" / "report.html").exists()
+
+
+def test_seed_behind_a_closed_pipe_writes_its_index_and_exits_0(tmp_path):
+    (tmp_path / "cache").mkdir()
+    done = to_closed_pipe(["-m", "rag.seed", str(tmp_path / "cache"), "--out", str(tmp_path / "seed")], env=UNBUFFERED)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (tmp_path / "seed" / "SEED.json").exists()
+
+
+def test_a_corpus_export_behind_a_closed_pipe_writes_its_jsonl_and_exits_0(tiny_files, tmp_path):
+    done = to_closed_pipe(["-m", "rag.corpus.export", "--out", str(tmp_path / "corpora"), "jsonl",
+                           f"corpus.path={tiny_files['corpus']}", f"paths.cache={tiny_files['cache']}"], env=UNBUFFERED)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    exported = (tmp_path / "corpora" / "jsonl.jsonl").read_text().splitlines()
+    assert len(exported) == len(tiny_files["corpus"].read_text().splitlines())
+
+
+def test_a_corpus_export_with_an_unknown_corpus_is_one_line(tmp_path):
+    done = command(["-m", "rag.corpus.export", "--out", str(tmp_path / "corpora"), "nope"], timeout=120)
+    assert_one_line(done, "ragrig data: error: Could not find 'corpus/nope' (available: beir, jsonl,")
+
+
+def test_a_run_and_a_question_behind_a_closed_pipe_finish_with_status_0(tiny_files):
+    done = to_closed_pipe([str(PROJECT_ROOT / "run.py"), f"hydra.run.dir={tiny_files['out']}",
+                           *tiny_overrides(tiny_files)], env=UNBUFFERED)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (tiny_files["out"] / "metrics.json").exists()
+    asked = to_closed_pipe(["-m", "rag.ask", "What does O_NONBLOCK do?", *tiny_overrides(tiny_files)], env=UNBUFFERED)
+    assert asked.returncode == 0 and "Traceback" not in asked.stderr, asked.stderr[-3000:]
+
+
+# ---- the command line's contract: named inputs, help a newcomer can start from ------------------
+
+def test_compare_refuses_a_directory_with_no_run_beside_real_runs(tmp_path):
+    (tmp_path / "typo").mkdir()
+    done = command(["-m", "experiments.compare", str(good_run(tmp_path / "r")), str(tmp_path / "typo"),
+                    "--out", str(tmp_path / "cmp")])
+    assert_one_line(done, f"compare: error: {tmp_path / 'typo'}: no run in or below it (no metrics.json or "
+                          "failure.json); give run directories, sweep directories or their parents")
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_run_py_help_is_a_newcomers_help():
+    done = command([str(PROJECT_ROOT / "run.py"), "--help"], timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = done.stdout
+    for needed in ("usage:", "python run.py +version=v3", "python run.py -m sweep=demo",
+                   "python run.py -m chunker.chunk_size=256,512 fusion.alpha=0.3,0.7",
+                   "corpus=jsonl corpus.path=my_docs.jsonl qa=jsonl qa.path=my_questions.jsonl",
+                   "outputs/runs/<date>/", "outputs/multirun/<date>/", "README.md",
+                   "python run.py --hydra-help", "python run.py --cfg job", "retriever: bm25, dense, hybrid"):
+        assert needed in text, needed
+    codes = text.split("exit status:", 1)[1].split("\n\n", 1)[0]
+    assert [ln.split()[0] for ln in codes.strip().splitlines()] == ["0", "2", "130", "1"]
+    assert "_target_" not in text and len(text.splitlines()) < 80  # not the whole config
+    hydras = command([str(PROJECT_ROOT / "run.py"), "--hydra-help"], timeout=120)
+    assert hydras.returncode == 0 and "== Flags ==" in hydras.stdout
+
+
+@pytest.mark.parametrize("module", ["experiments.gate", "experiments.compare", "rag.ask"])
+def test_every_option_has_help_and_shows_its_default(module):
+    import argparse
+    import importlib
+
+    parser = importlib.import_module(module).parser()
+    assert "exit status:" in parser.format_help().lower()
+    shown = parser._get_formatter()._get_help_string  # the text --help prints for an option
+    for action in parser._actions:
+        assert action.help, (module, action.dest)
+        if action.option_strings and not isinstance(action, (argparse._HelpAction, argparse._StoreTrueAction)):
+            assert "(default" in shown(action) or action.required, (module, action.option_strings, shown(action))

@@ -16,7 +16,7 @@ from rag.settings import chunker_node
 
 CONF = PROJECT_ROOT / "conf"
 # Groups selected as `group=option` (in the primary defaults list) and as `+group=option`.
-LISTED = ["corpus", "qa", "chunker", "embedder", "index", "fusion", "retriever", "reranker", "llm", "compressor",
+LISTED = ["slice", "corpus", "qa", "chunker", "embedder", "index", "fusion", "retriever", "reranker", "llm", "compressor",
           "contextualizer", "eval", "tracking", "sweep", "debug"]
 APPENDED = ["version", "preset", "technique"]
 # `# @package _global_` groups: an option touches the whole config, so every component is built.

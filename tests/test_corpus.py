@@ -505,7 +505,7 @@ def test_jsonl_corpus(tmp_path):
         Document("7", "seven", "user", {}),
     ]
     custom = write_jsonl(tmp_path / "d.jsonl", [{"key": "k1", "body": "text", "kind": "x"}])
-    doc = JsonlCorpus(custom, id_field="key", text_field="body", source_field="kind", default_source="z").load()[0]
+    doc = JsonlCorpus(custom, id_field="key", text_field="body", group_field="kind", default_group="z").load()[0]
     assert (doc.id, doc.text, doc.source) == ("k1", "text", "x")
     fp = JsonlCorpus(path).fingerprint()
     assert fp["inputs"]["path"] == str(path) and fp["settings"]["text_field"] == "text"
@@ -516,8 +516,9 @@ def test_jsonl_corpus(tmp_path):
     [
         ([{"id": "a", "text": "x"}, '{"id": "b", "text": }'], r"c.jsonl:2: invalid JSON"),
         ([{"id": "a", "text": "x"}, {"id": "b", "text": "  "}], r"c.jsonl:2: document 'b' has empty text"),
-        ([{"id": "a", "text": "x"}, {"id": "b"}], r"c.jsonl:2: document 'b' has empty text"),
-        ([{"id": "a", "text": "x"}, {"text": "y"}], r"c.jsonl:2: missing or empty field 'id'"),
+        ([{"id": "a", "text": "x"}, {"id": "b", "text": None}], r"c.jsonl:2: document 'b' has empty text"),
+        ([{"id": "a", "text": "x"}, {"text": "y"}], r"c.jsonl:2: no 'id' field \(fields: text\); set corpus.id_field"),
+        ([{"id": "a", "text": "x"}, {"id": None, "text": "y"}], r"c.jsonl:2: missing or empty field 'id'"),
         ([{"id": "a", "text": "x"}, {"id": "b", "text": "y"}, {"id": "a", "text": "z"}],
          r"c.jsonl:3: duplicate document id 'a' \(first on line 1\)"),
         ([{"id": "a", "text": "x"}, "[1, 2]"], r"c.jsonl:2: expected a JSON object, got an array"),
@@ -531,6 +532,43 @@ def test_jsonl_corpus_errors(tmp_path, rows, pattern):
     with pytest.raises(RagError, match=pattern) as e:
         JsonlCorpus(path).load()
     one_line_error(e)
+
+
+def test_the_group_tag_is_group_and_source_is_still_read_as_its_old_name(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [
+        {"id": "a", "text": "alpha", "group": "ops"},
+        {"id": "b", "text": "beta", "source": "it"},  # a file written before `group`
+        {"id": "c", "text": "gamma", "group": "ops", "source": "https://wiki/c"},  # both: source is metadata
+        {"id": "d", "text": "delta"},
+    ])
+    docs = JsonlCorpus(path).load()
+    assert [(d.id, d.source) for d in docs] == [("a", "ops"), ("b", "it"), ("c", "ops"), ("d", "user")]
+    assert docs[2].meta == {"source": "https://wiki/c"} and docs[0].meta == docs[1].meta == {}
+    renamed = JsonlCorpus(path, group_field="team").load()
+    assert [d.source for d in renamed] == ["user"] * 4, "a renamed group field has no old name"
+    assert renamed[0].meta == {"group": "ops"} and renamed[1].meta == {"source": "it"}
+
+
+@pytest.mark.parametrize("row, expect", [
+    ({"id": "c", "content": "The third document."},
+     "c.jsonl:3: no 'text' field (fields: id, content); set corpus.text_field=content to read another field"),
+    ({"id": "c", "body": "short", "abstract": "the longest text of the line", "group": "g"},
+     "c.jsonl:3: no 'text' field (fields: id, body, abstract, group); set corpus.text_field=abstract to read"),
+    ({"_id": "c", "text": "x"}, "c.jsonl:3: no 'id' field (fields: _id, text); set corpus.id_field=_id to read another field"),
+    ({"id": "c", "count": 3}, "c.jsonl:3: no 'text' field (fields: id, count); set corpus.text_field=<field> to read"),
+    ({}, "c.jsonl:3: no 'id' field (fields: none: the line is an empty object); set corpus.id_field=<field>"),
+])
+def test_a_missing_field_names_the_fields_there_and_the_setting_that_reads_another(tmp_path, row, expect):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "x"}, {"id": "b", "text": "y"}, row])
+    with pytest.raises(RagError) as e:
+        JsonlCorpus(path).load()
+    assert expect in one_line_error(e)
+
+
+def test_the_setting_the_error_names_reads_the_file(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"doc": "a", "content": "alpha"}, {"doc": "b", "content": "beta"}])
+    docs = JsonlCorpus(path, id_field="doc", text_field="content").load()
+    assert [(d.id, d.text, d.meta) for d in docs] == [("a", "alpha", {}), ("b", "beta", {})]
 
 
 def test_jsonl_corpus_file_errors(tmp_path):

@@ -252,7 +252,9 @@ def test_report_marks_failures_differences_and_draws_grid_charts(tmp_path):
     failed = df[df["status"] == "failed"].iloc[0]
     assert failed["error"] == "boom" and failed["error_type"] == "RagError"
     assert failed["chunker.chunk_size"] == 512 and failed["fusion.alpha"] == 0.7
-    assert df["baseline"].tolist().count(True) == 1 and bool(df.loc[0, "baseline"])
+    # the baseline is the cell with the configuration's defaults (chunk_size 512, alpha 0.5), not a corner
+    assert df["baseline"].tolist().count(True) == 1 and df.loc[df["baseline"], "label"].tolist() == [
+        "chunk_size=512 alpha=0.5"]
 
     # alpha raises MRR by 0.3 * 0.4 from 0.3 to 0.7: a clear paired difference vs the baseline
     cmp = pd.read_csv(sweep / "comparison.csv")
@@ -343,16 +345,18 @@ def test_verdict_corrects_for_every_cell_and_reads_lower_is_better_metrics(tmp_p
     recall = cmp.xs("recall_at_k", level="metric")
     assert (recall["p_value"] < 0.05).all() and (recall["p_holm"] > 0.05).all()  # raw yes, corrected no
     assert not recall["significant"].any() and (recall["marker"] == "").all()
-    assert cmp.loc[("v2", "mrr"), "marker"] == "▲" and cmp.loc[("v2", "hallucination"), "marker"] == "▼"
+    # ▲ is better in the metric's own direction: fewer hallucinations are a ▲, slower retrieval a ▼
+    assert cmp.loc[("v2", "mrr"), "marker"] == "▲" and cmp.loc[("v2", "hallucination"), "marker"] == "▲"
+    assert cmp.loc[("v2", "latency_ms"), "marker"] == "▼"
     assert bool(cmp.loc[("v2", "hallucination"), "better"]) and not bool(cmp.loc[("v2", "latency_ms"), "better"])
     assert (cmp["n"] == n).all()
 
     words = rep.verdict.replace("\u00a0", " ")  # numbers keep their unit with a no-break space
     assert words.startswith(f"Against the baseline v1, over {n} shared questions:")
-    assert "v2 beats v1 on MRR by +0.1" in words and "hallucination rate ↓ by -0.300" in words
+    assert "v2 beats v1 on MRR (sim) by +0.1" in words and "hallucination rate ↓ by -0.300" in words
     assert ", but loses on retrieval latency ↓ by +50.0 ms" in words
     assert "significant after Holm's correction over 12 comparisons" in words
-    assert "Nothing else differs" in words and "recall@5 0." in words  # what would have been detectable
+    assert "Nothing else differs" in words and "recall@5 (sim) 0." in words  # what would have been detectable
     assert "v3" not in words and "v4" not in words
 
     md = (tmp_path / "out" / "summary.md").read_text()
@@ -411,12 +415,12 @@ def test_single_run_verdict_gives_the_detectable_difference(tmp_path):
     write_run(tmp_path / "v1", variant="v1", overrides=["+version=v1"], values={"mrr": list(rng.uniform(0, 1, 80))})
     rep = build_report(load_records([tmp_path]), tmp_path / "out", ReportSettings(charts=False, html=False))
     assert rep.comparison.empty and rep.n_tests == 0
-    assert rep.verdict.startswith("One run (v1): MRR 0.") and "over 80 questions" in rep.verdict
+    assert rep.verdict.startswith("One run (v1): MRR (sim) 0.") and "over 80 questions" in rep.verdict
     assert rep.mde.iloc[0]["basis"].startswith("unpaired") and 0.1 < rep.mde.iloc[0]["mde"] < 0.3
 
 
 def test_run_chart_and_labels():
-    assert charts.metric_label("recall_at_k", 5) == "recall@5"
+    assert charts.metric_label("recall_at_k", 5) == "recall@5 (sim)"
     assert charts.metric_label("hallucination") == "hallucination rate ↓"  # lower is better, marked
     assert charts.metric_label("ndcg_at_k", 10) == "nDCG@10" and charts.metric_label("my_metric") == "my_metric"
     assert "0–1" in charts.metric_label("mrr", unit=True)
@@ -534,3 +538,15 @@ def test_the_verdict_says_what_served_models_cost_when_they_cost_anything():
     assert cost_words(frame) == ("Served models cost (requests this run sent, at the config's pricing): "
                                  "v2 0.0000 USD, v3 0.0123 USD.")
     assert cost_words(frame.assign(cost_total=0.0)) == "" and cost_words(frame.drop(columns="cost_total")) == ""
+
+
+def test_a_grid_reports_heatmaps_marks_the_cells_that_beat_its_baseline(tmp_path):
+    """Through the whole report: the comparison table reaches the heatmaps, so the cells that
+    differ significantly from the baseline are named in the chart, on the metric's 0–1 scale."""
+    sweep = synthetic_grid(tmp_path, failed=None)
+    rep = build_report(load_records([sweep]), sweep, ReportSettings(formats=("svg",), html=False))
+    better = set(rep.comparison[rep.comparison["significant"] & rep.comparison["better"]
+                                & (rep.comparison["metric"] == "mrr")]["label"])
+    assert better  # alpha raises MRR by 0.3 * 0.4 from 0.3 to 0.7
+    svg = (sweep / "charts" / "grid_heatmap.svg").read_text()
+    assert "better" in svg and "baseline" in svg and "colours span the metric's full range" in svg

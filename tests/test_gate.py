@@ -153,3 +153,111 @@ def test_two_real_runs_one_passes_one_fails(tiny_files, tmp_path):
     worse = do(tmp_path / "worse", "retriever=hybrid", "fusion.alpha=1.0", "chunker.chunk_size=8", "chunker.chunk_overlap=0")
     assert main([str(base), str(same), "--metric", "mrr", "--min-effect", "0.01"]) == 0
     assert main([str(base), str(worse), "--metric", "mrr", "--min-effect", "0.01"]) == 1
+
+
+# ---- the boundary of --min-effect, the bootstrap's size, the inputs' files -------------------------
+
+EIGHTHS = {f"q{i}": (i % 5) / 8 for i in range(N)}  # dyadic values: every difference and mean is exact
+
+
+def shifted(by: float) -> dict[str, float]:
+    return {q: v + by for q, v in EIGHTHS.items()}
+
+
+@pytest.mark.parametrize("candidate,test,margin,passed", [
+    (EIGHTHS, "non-inferiority", 0.0, True),       # identical runs lose nothing: not inferior at margin 0
+    (EIGHTHS, "superiority", 0.0, False),          # ... and gain nothing: not superior at margin 0
+    (shifted(-0.25), "non-inferiority", 0.25, True),   # worse by exactly the margin: still within it
+    (shifted(-0.25), "non-inferiority", 0.125, False),  # worse by more than the margin
+    (shifted(+0.25), "superiority", 0.25, False),      # better by exactly the margin: not by more
+    (shifted(+0.25), "superiority", 0.125, True),
+])
+def test_the_margin_is_inclusive_for_non_inferiority_and_strict_for_superiority(candidate, test, margin, passed):
+    res = gate(EIGHTHS, candidate, "ndcg_at_k", margin, test, resamples=500)
+    assert res.passed is passed, res.line()
+    sign = (">=" if test == "non-inferiority" else ">") if passed else ("<" if test == "non-inferiority" else "<=")
+    assert res.line().endswith(f"the worst plausible gain {res.worst_gain:+.4f} {sign} {res.needed:+g}")
+
+
+def test_identical_runs_on_a_lower_is_better_metric_are_not_inferior_either():
+    res = gate(EIGHTHS, EIGHTHS, "hallucination", 0.0)
+    assert res.passed and res.line().endswith("the worst plausible gain +0.0000 >= +0")
+    assert not gate(EIGHTHS, EIGHTHS, "hallucination", 0.0, "superiority").passed
+
+
+def test_two_identical_runs_pass_non_inferiority_at_margin_0_on_the_command_line(tmp_path, capsys):
+    base, _, _ = run_dirs(tmp_path)
+    assert main([str(base), str(base), "--metric", "ndcg_at_k", "--min-effect", "0"]) == 0
+    assert capsys.readouterr().out.startswith("PASS: ndcg_at_k")
+    assert main([str(base), str(base), "--metric", "ndcg_at_k", "--min-effect", "0", "--test", "superiority"]) == 1
+
+
+@pytest.mark.parametrize("resamples", ["0", "-5"])
+def test_a_bootstrap_of_no_resamples_is_refused(resamples, tmp_path, capsys):
+    base, good, _ = run_dirs(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main([str(base), str(good), "--metric", "mrr", "--min-effect", "0", "--resamples", resamples])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gate: error: argument --resamples: must be a positive integer, got {int(resamples)} "
+        "(python -m experiments.gate --help)"]
+    with pytest.raises(RagError, match="--resamples must be a positive integer, got 0"):
+        gate(BASE, values(0.1), "mrr", 0.0, resamples=0)
+
+
+def test_one_shared_question_is_no_interval():
+    with pytest.raises(RagError, match="share only 1 question with a value of mrr; an interval needs at least 2"):
+        gate({"q1": 0.5, "q2": 0.1}, {"q1": 0.9}, "mrr", 0.0)
+
+
+def test_a_run_without_per_question_values_names_the_missing_file(tmp_path, capsys):
+    base, good, _ = run_dirs(tmp_path)
+    (good / "per_question.jsonl").unlink()
+    assert main([str(base), str(good), "--metric", "ndcg_at_k", "--min-effect", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gate: error: {good / 'per_question.jsonl'}: no such file; the gate pairs the runs question by "
+                   "question, and a run's per-question metrics are only there (metrics.json holds their means)"]
+
+
+def test_a_metric_no_question_has_lists_the_per_question_metrics(tmp_path, capsys):
+    base = write_run(tmp_path / "base", values={"mrr": list(BASE.values()), "ndcg_at_k": list(BASE.values())},
+                     ids=list(BASE))
+    rows = [json.loads(line) for line in (base / "per_question.jsonl").read_text().splitlines()]
+    (base / "per_question.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "ndcg_at_k"}) + "\n"
+                                                     for r in rows))
+    assert main([str(base), str(base), "--metric", "ndcg_at_k", "--min-effect", "0"]) == 2
+    # metrics.json still has ndcg_at_k's mean: the list is of what the pairing can use
+    assert capsys.readouterr().err.strip() == (f"gate: error: {base}: no per-question values of metric 'ndcg_at_k'; "
+                                               "its per_question.jsonl has: mrr")
+
+
+@pytest.mark.parametrize("unbuffered", [False, True])
+def test_behind_a_closed_pipe_the_exit_status_is_the_verdict_and_the_json_is_written(unbuffered, tmp_path):
+    from tests.test_cli_errors import UNBUFFERED, to_closed_pipe
+
+    base, good, bad = run_dirs(tmp_path)
+    env = UNBUFFERED if unbuffered else None
+    for cand, status in ((good, 0), (bad, 1)):
+        out = tmp_path / f"gate-{status}.json"
+        done = to_closed_pipe(["-m", "experiments.gate", str(base), str(cand), "--metric", "ndcg_at_k",
+                               "--min-effect", "0.01", "--json", str(out)], env=env, timeout=120)
+        assert done.returncode == status and done.stderr == "", done.stderr[-3000:]
+        assert json.loads(out.read_text())["passed"] is (status == 0)
+
+
+def test_help_lists_the_exit_status_and_every_option_with_its_default():
+    from experiments.gate import parser
+
+    text = parser().format_help()
+    assert "exit status: 0 pass, 1 fail, 2 bad input" in text
+    assert "two runs with identical values pass" in text and "two runs with identical values fail" in text
+    for option, default in [("--test", "non-inferiority"), ("--k", "5"), ("--confidence", "0.95"),
+                            ("--resamples", "10000"), ("--seed", "0")]:
+        assert f"(default: {default})" in option_help(text, option), option
+    assert all(a.help for a in parser()._actions)
+
+
+def option_help(help_text: str, option: str) -> str:
+    """What `--help` says of one option, on one line."""
+    options = " ".join(help_text.split("\noptions:", 1)[1].split())
+    return options.split(f" {option} ", 1)[1].split(" --", 1)[0]

@@ -68,20 +68,57 @@ def test_the_tei_shape_and_rrf_fusion(tmp_path):
     assert got.ids[0].tolist() == [0, 1, 2, 3, 4], "weight 0 keeps the first stage's order"
 
 
+def scored(*scores):
+    return [{"index": i, "relevance_score": s} for i, s in enumerate(scores)]
+
+
 @pytest.mark.parametrize("results, what", [
     ([{"index": 0, "relevance_score": 1.0}, {"index": 7, "relevance_score": 0.5}], "index 7 for 3 documents"),
     ([{"index": 0, "relevance_score": 1.0}, {"index": 0, "relevance_score": 0.5}], "index 0 twice"),
-    ([{"index": 2, "relevance_score": 1.0}], "no score for 2 of 3 documents \\(e.g. index 0\\)"),
+    ([{"index": 2, "relevance_score": 1.0}], "no score for 2 of 3 documents (e.g. index 0)"),
     ([{"index": -1, "relevance_score": 1.0}], "index -1 for 3 documents"),
+    ([{"index": True, "relevance_score": 1.0}], "index true for 3 documents"),
+    ([{"relevance_score": 1.0}], "results[0] has no index"),
+    (scored(0.1, 0.2) + [{"index": 2}], "results[2] (document 2) has no relevance_score"),
+    # a score must be a finite number: true ties every candidate (Python counts it an int)
+    (scored(0.5, 0.4, True), "score of document 2 is true, not a number"),
+    (scored(0.5, "0.4", 0.3), 'score of document 1 is "0.4", not a number'),
+    (scored(None, 0.4, 0.3), "score of document 0 is null, not a number"),
+    (scored(0.5, 1e300, 0.3), "score of document 1 is 1e+300, beyond a float32 score's range"),
+    ('{"results": [{"index": 0, "relevance_score": 0.1}, {"index": 2, "relevance_score": Infinity}]}',
+     "Infinity at results[1].relevance_score, not a finite number"),
+    ('{"results": [{"index": 0, "relevance_score": -Infinity}]}', "-Infinity at results[0].relevance_score, not a finite number"),
+    ('{"results": [{"index": 1, "relevance_score": NaN}]}', "NaN at results[0].relevance_score, not a finite number"),
+    ('{"results": [{"index": 1, "score": 1e999}]}', "1e999 at results[0].score, not a finite number"),
+    ({"results": scored(0.5, 0.4, 0.3), "usage": {"total_tokens": True}}, "usage.total_tokens is true, not a count of tokens"),
 ])
-def test_a_reply_with_bad_indexes_is_one_line_and_not_kept(tmp_path, results, what):
-    with ScriptedEndpoint(rerank=lambda r, n: (200, {}, {"results": results})) as srv:
+def test_a_reply_that_does_not_score_each_candidate_once_is_one_line_and_not_kept(tmp_path, results, what):
+    body = results if isinstance(results, str) else results if isinstance(results, dict) else {"results": results}
+    with ScriptedEndpoint(rerank=lambda r, n: (200, {}, body)) as srv:
         rr = reranker(srv.base_url, tmp_path, top_n=3)
-        with pytest.raises(EndpointError, match=f"^reranker: POST {srv.base_url}/rerank answered with {what} "
-                                                r"\(reranker.model=rr\); nothing of this reply is kept$"):
+        with pytest.raises(EndpointError) as e:
             rr.rerank(["q"], first_stage(), CHUNKS, k=3)
+    assert str(e.value) == (f"reranker: POST {srv.base_url}/rerank answered wrongly: {what} (reranker.model=rr); "
+                            "nothing of this reply is kept")
     assert len(srv.posted("/rerank")) == 1, "not retried: the server answered, wrongly"
     assert not list((tmp_path / "cache").glob(f"{SCORES}/**/*.json"))
+
+
+def test_a_run_whose_reranker_answers_infinity_stops_in_one_line_and_writes_no_results(tiny_files, compose_cfg):
+    def infinite_first(req, n):
+        docs = req["documents"]
+        rows = ", ".join(f'{{"index": {i}, "relevance_score": {"Infinity" if i == len(docs) - 1 else 0.5}}}'
+                         for i in range(len(docs)))
+        return 200, {}, f'{{"results": [{rows}]}}'
+
+    with ScriptedEndpoint(rerank=infinite_first) as srv:
+        over = [*tiny_overrides(tiny_files), "reranker=http", f"reranker.base_url={srv.base_url}",
+                "reranker.model=rr", "reranker.top_n=6"]
+        with pytest.raises(RagError, match=r"^reranker: POST .*/rerank answered wrongly: Infinity at results\[5\]"
+                                           r"\.relevance_score, not a finite number \(reranker.model=rr\)"):
+            run(compose_cfg(over), tiny_files["out"] / "served")
+    assert not (tiny_files["out"] / "served" / "per_question.jsonl").exists()
+    assert not (tiny_files["out"] / "served" / "metrics.json").exists()
 
 
 def test_tokens_are_counted_with_a_tokenizer_when_asked(tmp_path):

@@ -174,3 +174,22 @@ def test_judge_metrics_sit_beside_the_embedding_metrics(tiny_files, compose_cfg)
     rows = [json.loads(x) for x in (tiny_files["out"] / "judged" / "per_question.jsonl").read_text().splitlines()]
     assert all(r["judge_correctness"] is None and r["judge"]["correctness"]["errors"][0].startswith("unparseable")
                for r in rows)
+
+
+def test_a_reply_with_counts_that_are_no_counts_is_an_unmeasured_judgement_not_a_crash():
+    """Token counts become the judge's cost: a reply claiming "many" tokens is refused like a
+    failed request (the judgement unmeasured, the reason kept), never read as a number."""
+    def replies(metric, q, req):
+        body = completion('{"verdict": "supported"}' if metric == "faithfulness" else '{"verdict": "correct"}')
+        if q == 1:
+            body["usage"]["prompt_tokens"] = "many"
+        return 200, {}, body
+
+    with ScriptedEndpoint(scripted_judge(replies)) as srv:
+        out = judge(srv).judge(ITEMS, None)
+    bad = out["per_question"][1]["faithfulness"]
+    assert bad["scores"] == [None] and bad["errors"][0] == (
+        f'request failed: eval.judge: POST {srv.base_url}/chat/completions answered wrongly: usage.prompt_tokens is '
+        '"many", not a count of tokens (eval.judge.model=judge-m); nothing of this reply is kept')
+    assert out["per_question"][0]["faithfulness"]["scores"] == [1.0]
+    assert out["stats"]["requests_failed"] == 2 and out["stats"]["prompt_tokens"] == 6 * 10

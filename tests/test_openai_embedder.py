@@ -91,8 +91,7 @@ def test_a_batch_of_another_dimension_is_one_line():
 
 @pytest.mark.parametrize("reply, why", [
     ((200, {}, "<html>gateway</html>"), "an unreadable response body"),
-    ((200, {}, {"data": [{"index": 0, "embedding": [0.1, 0.2]}]}), "an unreadable response body"),  # 1 row for 2
-    ((200, {}, {"data": [{"index": 0, "embedding": [0.1]}, {"index": 0, "embedding": [0.2]}]}), "unreadable"),
+    ((200, {}, {"object": "list"}), "an unreadable response body"),
     ((503, {}, {"error": {"message": "loading"}}), "HTTP 503: loading"),
 ])
 def test_a_reply_that_is_no_embedding_is_retried_then_one_line(reply, why):
@@ -100,6 +99,61 @@ def test_a_reply_that_is_no_embedding_is_retried_then_one_line(reply, why):
         with pytest.raises(EndpointError, match=why) as e:
             client(srv.base_url, max_retries=1).encode(["a", "b"])
     assert "\n" not in str(e.value) and len(srv.posted("/embeddings")) == 2 and "embedder.model=minilm" in str(e.value)
+
+
+def rows(*vectors, index=True):
+    return {"data": [{"object": "embedding", **({"index": i} if index else {}), "embedding": v}
+                     for i, v in enumerate(vectors)]}
+
+
+# What a server can answer wrongly, each refused at once in one line naming what is wrong: a
+# vector placed by guesswork or a zero vector would silently retrieve the wrong chunks.
+WRONG_VECTORS = {
+    "rows without index": (rows([0.1, 0.2], [0.3, 0.4], index=False),
+                           "data[0] has no index, so its vector cannot be matched to its text"),
+    "an index twice": ({"data": [{"index": 0, "embedding": [0.1, 0.2]}, {"index": 0, "embedding": [0.3, 0.4]}]},
+                       "index 0 twice"),
+    "a gap in the indexes": ({"data": [{"index": 0, "embedding": [0.1, 0.2]}, {"index": 2, "embedding": [0.3, 0.4]}]},
+                             "index 2 (data[1]) for 2 texts"),
+    "an index that is true": ({"data": [{"index": True, "embedding": [0.1, 0.2]}, {"index": 0, "embedding": [0.3, 0.4]}]},
+                              "index true (data[0]) for 2 texts"),
+    "fewer vectors than texts": (rows([0.1, 0.2]), "1 vector for 2 texts"),
+    "ragged rows": (rows([0.1, 0.2, 0.3], [0.1, 0.2]), "row 1 has 2 values, expected 3 (as row 0)"),
+    "a zero vector": (rows([0.1, 0.2], [0.0, 0.0]), "row 1 is all zeros (a zero vector has no direction, so no cosine)"),
+    "NaN in a row": ('{"data": [{"index": 0, "embedding": [0.1, 0.2]}, {"index": 1, "embedding": [NaN, 0.2]}]}',
+                     "NaN at data[1].embedding[0], not a finite number"),
+    "true in a row": (rows([0.1, True], [0.1, 0.2]), "row 0 holds true at position 1, not a number"),
+    "a number as a string": (rows([0.1, 0.2], ["0.3", 0.2]), 'row 1 holds "0.3" at position 0, not a number'),
+    "base64 where floats were asked": (rows("AAAAAA==", [0.1, 0.2]), 'row 0 is "AAAAAA==", not a list of numbers'),
+    "a row without its embedding": ({"data": [{"index": 0}, {"index": 1, "embedding": [0.1]}]},
+                                    "row 0 has no embedding"),
+    "a negative token count": ({**rows([0.1, 0.2], [0.3, 0.4]), "usage": {"prompt_tokens": -3}},
+                               "usage.prompt_tokens is -3, not a count of tokens"),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_VECTORS, ids=list(WRONG_VECTORS))
+def test_a_reply_that_does_not_give_each_text_one_usable_vector_is_refused_at_once(case):
+    body, what = WRONG_VECTORS[case]
+    with ScriptedEndpoint(embed=lambda r, n: (200, {}, body)) as srv:
+        with pytest.raises(EndpointError) as e:
+            client(srv.base_url, max_retries=2).encode(["a", "b"])
+        assert len(srv.posted("/embeddings")) == 1, "not retried: the server answered, wrongly"
+    assert str(e.value) == (f"embedder: POST {srv.base_url}/embeddings answered wrongly: {what} "
+                            "(embedder.model=minilm); nothing of this reply is kept")
+
+
+def test_a_row_of_another_length_than_the_known_dimension_is_named():
+    with ScriptedEndpoint(embed=lambda r, n: (200, {}, rows([0.1, 0.2, 0.3], [0.1, 0.2, 0.3, 0.4]))) as srv:
+        with pytest.raises(EndpointError, match=r"answered wrongly: row 0 has 3 values, expected 4 \(embedder"):
+            client(srv.base_url, dimensions=4).encode(["a", "b"])
+
+
+def test_rows_are_placed_by_their_index_not_by_arrival():
+    with ScriptedEndpoint(embed=lambda r, n: (200, {}, {"data": [{"index": 1, "embedding": [0.0, 2.0]},
+                                                                 {"index": 0, "embedding": [3.0, 0.0]}]})) as srv:
+        vecs = client(srv.base_url).encode(["first", "second"])
+    np.testing.assert_array_equal(vecs, [[1.0, 0.0], [0.0, 1.0]])
 
 
 def test_retry_after_is_honoured_on_429(minilm):

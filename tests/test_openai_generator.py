@@ -22,7 +22,7 @@ from rag.session import create
 from rag.timing import StageTimer
 from rag.types import Context, RagError
 from tests.conftest import tiny_overrides
-from tests.scripted_endpoint import ScriptedEndpoint, completion, echo
+from tests.scripted_endpoint import ScriptedEndpoint, Trickle, completion, echo
 
 QUESTIONS = [f"Question number {i}?" for i in range(6)]
 CONTEXTS = [[Context(f"Passage {i} says {i}.", "src")] for i in range(6)]
@@ -173,7 +173,15 @@ ENDPOINT_FAULTS = {
                                 r"an unreadable response body: <html>502 Bad Gateway</html>"),
     "JSON without choices": (lambda r, n: (200, {}, {"id": "x", "object": "chat.completion"}), 0.0,
                              r"an unreadable response body: \{\"id\": \"x\""),
-    "no answer within the timeout": (echo, 2.0, r"no response within 0.5 s \(llm.timeout_s\)"),
+    "no answer within the timeout": (echo, 2.0, r"no complete response within 0.5 s \(llm.timeout_s\)"),
+    "an answer trickled past the timeout": (lambda r, n: (200, {}, Trickle(completion("slow"), every_s=0.05, limit_s=6)),
+                                            0.0, r"failed after 3 attempts .*: no complete response within 0.5 s"),
+    "a redirect loop": (lambda r, n: (307, {"Location": "/v1/chat/completions"}, ""), 0.0,
+                        (r"^llm: POST \S+/chat/completions was redirected more than 20 times, last to "
+                         r"\S+/chat/completions \(a redirect loop\); check llm.base_url$")),
+    "Infinity as a token count": (lambda r, n: (200, {}, ('{"choices": [{"message": {"content": "x"}}], '
+                                                          '"usage": {"prompt_tokens": Infinity}}')), 0.0,
+                                  r"answered wrongly: Infinity at usage.prompt_tokens, not a finite number"),
 }
 
 

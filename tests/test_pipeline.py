@@ -34,7 +34,7 @@ def test_v1_writes_scored_results(tiny_files, compose_cfg):
     assert rows[0]["retrieved"][0]["text"] and rows[0]["retrieved"][0]["chunk_id"].startswith(rows[0]["retrieved"][0]["doc_id"])
     assert (out / "config_resolved.yaml").exists()
     assert result["objective"] == {"name": "mrr", "value": metrics["metrics"]["mrr"]["mean"]}
-    assert "recall_at_k" in format_table(result)
+    assert "recall@5 (sim)" in format_table(result)  # the metric's printed label (metrics.json keeps the key)
 
 
 def test_v2_filters_by_source_and_fuses(tiny_files, compose_cfg):
@@ -96,7 +96,7 @@ def test_run_py_entry_point(tiny_files):
     args += tiny_overrides(tiny_files)
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "recall_at_k" in done.stdout
+    assert "recall@5 (sim)" in done.stdout
     assert (tiny_files["out"] / "metrics.json").exists()
 
     bad = subprocess.run(args + ["fusion.alpha=1.5"], capture_output=True, text=True, env=env, timeout=300)

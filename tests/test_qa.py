@@ -81,9 +81,11 @@ def test_jsonl_questions_with_graded_labels(tmp_path):
     "rows, pattern",
     [
         ([q("a"), '{"id": "b", "question": "x?", }'], r"qa.jsonl:2: invalid JSON"),
-        ([q("a"), {"id": "b", "answer": "y"}], r"qa.jsonl:2: missing or empty field 'question'"),
+        ([q("a"), {"id": "b", "answer": "y"}], r"qa.jsonl:2: no 'question' field \(fields: id, answer\)"),
+        ([q("a"), {"id": "b", "question": None, "answer": "y"}], r"qa.jsonl:2: missing or empty field 'question'"),
         ([q("a"), q("b"), {"id": "c", "question": "x?", "answer": "  "}], r"qa.jsonl:3: missing or empty field 'answer'"),
-        ([{"question": "x?", "answer": "y"}], r"qa.jsonl:1: missing or empty field 'id'"),
+        ([{"question": "x?", "answer": "y"}], r"qa.jsonl:1: no 'id' field \(fields: question, answer\)"),
+        ([{"id": "", "question": "x?", "answer": "y"}], r"qa.jsonl:1: missing or empty field 'id'"),
         ([{"id": "a", "question": ["x"], "answer": "y"}], r"qa.jsonl:1: field 'question' must be a string"),
         ([q("a"), q("b"), q("a")], r"qa.jsonl:3: duplicate question id 'a' \(first on line 1\)"),
         (['"just a string"'], r"qa.jsonl:1: expected a JSON object"),
@@ -104,6 +106,41 @@ def test_jsonl_questions_errors(tmp_path, rows, pattern):
     with pytest.raises(RagError, match=pattern) as e:
         JsonlQuestions(path).load()
     assert "\n" not in str(e.value)
+
+
+def test_question_files_name_the_document_doc_id_and_the_group_group_and_read_the_old_names(tmp_path):
+    rows = [q("a", doc_id="man:fcntl.2", group="libc"),
+            q("b", source="man:open.2", corpus="libc"),  # a file written before doc_id and group
+            q("c", doc_id="man:mmap.2", source="man:open.2", group="libc", corpus="pytorch")]  # the new names win
+    a, b, c = JsonlQuestions(write_jsonl(tmp_path / "qa.jsonl", rows)).load()
+    assert (a.source, a.corpus) == ("man:fcntl.2", "libc")
+    assert (b.source, b.corpus) == ("man:open.2", "libc")
+    assert (c.source, c.corpus) == ("man:mmap.2", "libc")
+
+
+@pytest.mark.parametrize("row, expect", [
+    ({"id": "b", "query": "What is it?", "answer": "y"},
+     "qa.jsonl:2: no 'question' field (fields: id, query, answer); set qa.question_field=query to read another field"),
+    ({"id": "b", "question": "What is it?", "response": "It is y.", "doc_id": "d"},
+     "qa.jsonl:2: no 'answer' field (fields: id, question, response, doc_id); set qa.answer_field=response to read "
+     "another field (or give graded 'relevant' labels)"),
+    ({"qid": "b", "question": "What?", "answer": "y", "doc_id": "d"},
+     "qa.jsonl:2: no 'id' field (fields: qid, question, answer, doc_id); set qa.id_field=qid to read another field"),
+])
+def test_a_missing_question_field_names_the_setting_that_reads_another(tmp_path, row, expect):
+    with pytest.raises(RagError) as e:
+        JsonlQuestions(write_jsonl(tmp_path / "qa.jsonl", [q("a"), row])).load()
+    assert expect in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_settings_the_errors_name_read_the_file(tmp_path):
+    path = write_jsonl(tmp_path / "qa.jsonl", [{"qid": "a", "query": "Why?", "response": "Because."}])
+    plain = JsonlQuestions(path)
+    renamed = JsonlQuestions(path, id_field="qid", question_field="query", answer_field="response")
+    assert renamed.load() == [QAItem("a", "Why?", "Because.", None, None)]
+    assert renamed.fingerprint() != plain.fingerprint()
+    assert "fields" not in plain.fingerprint(), "the default reading keeps the key it always had"
 
 
 def test_jsonl_questions_file_errors(tmp_path):

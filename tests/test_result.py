@@ -1,6 +1,6 @@
 """rag.result.RunResult: metrics.json read and written back unchanged, and its flat row.
 
-Fixtures (tests/fixtures/metrics): full.json (a run with every key: qa_split, latency_method,
+Fixtures (tests/fixtures/metrics): full.json (a run with every key: slice, qa_split, latency_method,
 usage, routing), baseline.json (no usage, no routing), older.json (from before qa_split and
 latency_method). flat_expected.json holds what the sweep summary and MLflow tracking made of them
 before RunResult existed (experiments.aggregate.summary_frame, experiments.tracking.metrics_of):

@@ -244,3 +244,117 @@ def test_two_sweeps_and_an_ask_on_one_cold_cache_build_each_artifact_once_and_ag
     assert entries == ["bm25", "chunks", "corpus", "index", "vectors"], entries  # alpha shares them all
     assert list(cache.glob("eval_vectors/*/manifest.json"))  # what scoring encoded, per run's texts
     assert not list(cache.rglob("tmp-*"))
+
+
+# ---- ragrig removes or replaces only what it wrote -----------------------------------------------
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in d.rglob("*") if p.is_file()}
+
+
+def test_a_folder_of_the_users_is_refused_before_anything_is_written(warm, tmp_path):
+    """hydra.run.dir= a folder that never held a ragrig run, holding files named like a run's."""
+    out = tmp_path / "my-analysis"
+    out.mkdir()
+    for name, text in {"metrics.json": '{"mine": 1}', "report.html": "<p>my report</p>", "run.trec": "q 0 d 1 1 me\n",
+                       "run.log": "my notes\n"}.items():
+        (out / name).write_text(text)
+    before = _snapshot(out)
+    done = run_py([f"hydra.run.dir={out}", *tiny_overrides(warm)])
+    assert_one_line(done, f"ragrig: error: output directory {out} holds metrics.json, which no ragrig run wrote "
+                          "there; ragrig replaces only its own results: give this run a new or empty hydra.run.dir")
+    assert _snapshot(out) == before and {p.name for p in out.iterdir()} == set(before), "nothing touched, nothing added"
+
+
+def test_a_run_directory_holding_a_file_its_marker_does_not_list_is_refused(warm, tmp_path):
+    out = tmp_path / "run-plus-notes"
+    shutil.copytree(warm["out"], out)
+    (out / "notes.txt").write_text("what I learned from this run")
+    before = _snapshot(out)
+    done = run_py([f"hydra.run.dir={out}", *tiny_overrides(warm), "eval.k=2"])
+    assert_one_line(done, f"ragrig: error: output directory {out} holds notes.txt, which no ragrig run wrote there")
+    assert _snapshot(out) == before
+
+
+def test_an_empty_folder_is_used(warm, tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    done = run_py([f"hydra.run.dir={out}", *tiny_overrides(warm), "eval.k=2"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    marker = json.loads((out / RUN_MARKER).read_text())
+    assert {"metrics.json", "run.log", ".hydra/overrides.yaml"} <= set(marker["files"])
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} <= {*marker["files"], RUN_MARKER, LOCK_FILE}
+
+
+def test_a_run_refused_because_its_directory_is_in_use_writes_nothing_there(warm, tmp_path):
+    """Not Hydra's record of the run (.hydra/), not the log: the running run's files stay its own."""
+    out = tmp_path / "busy-run"
+    shutil.copytree(warm["out"], out)
+    before = _snapshot(out)
+    with open(out / LOCK_FILE, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = run_py([f"hydra.run.dir={out}", *tiny_overrides(warm), "eval.k=3", "+version=v1"])
+    assert_one_line(done, f"ragrig: error: output directory {out} is in use by another run")
+    assert _snapshot(out) == before, [k for k in before if _snapshot(out).get(k) != before[k]]
+
+
+def test_the_hydra_record_is_written_once_the_directory_is_claimed(warm):
+    """ragrig writes .hydra/ itself (hydra.output_subdir is null); compare reads it as before."""
+    from experiments.aggregate import load_run
+
+    hydra = warm["out"] / ".hydra"
+    assert sorted(p.name for p in hydra.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    record = load_run(warm["out"])
+    assert "retriever=hybrid" in record.overrides and record.choices.get("retriever") == "hybrid"
+    assert record.config["retriever"]["_target_"]
+
+
+def _terminal(done: subprocess.CompletedProcess) -> str:
+    return done.stdout + done.stderr
+
+
+def test_an_error_is_one_line_on_the_terminal_and_kept_in_the_log(warm, tmp_path):
+    out = tmp_path / "failing"
+    done = run_py([f"hydra.run.dir={out}", *tiny_overrides(warm), "eval.k=0"])
+    assert done.returncode == 2
+    assert _terminal(done).count("eval.k must be positive, got 0") == 1, _terminal(done)
+    assert "eval.k must be positive, got 0" in (out / "run.log").read_text()
+
+
+def test_a_failed_sweep_job_is_one_line_on_the_terminal_and_kept_in_its_log(warm, tmp_path):
+    d = tmp_path / "sweep-fail"
+    done = sweep(warm, d, "fusion.alpha=1.5")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert _terminal(done).count("fusion.alpha must be in [0, 1], got 1.5") == 1, _terminal(done)
+    assert "ragrig: job 0 failed: RagError: fusion.alpha must be in [0, 1], got 1.5" in done.stderr
+    assert "fusion.alpha must be in [0, 1], got 1.5" in (d / "0" / "run.log").read_text()
+
+
+def test_a_sweep_summary_removes_only_the_files_the_earlier_summary_listed(tmp_path):
+    from experiments.aggregate import load_records
+    from experiments.report_files import build_report
+    from rag.rundir import REPORT_MARKER, remove_report
+    from tests.test_experiments import write_run
+
+    d = tmp_path / "sweep"
+    write_run(d / "0", values={"mrr": [0.2, 0.4]}, job=0)
+    build_report(load_records([d]), d)
+    listed = json.loads((d / REPORT_MARKER).read_text())["files"]
+    assert "summary.md" in listed and any(f.startswith("charts/") for f in listed)
+    (d / "charts" / "figure1_final.png").write_bytes(b"my figure")
+    removed = remove_report(d)
+    assert sorted(removed) == sorted(listed)
+    assert [p.name for p in (d / "charts").iterdir()] == ["figure1_final.png"] and not (d / "summary.md").exists()
+
+
+def test_a_sweep_summary_never_writes_over_a_file_it_did_not_write(tmp_path, capsys):
+    from experiments.callbacks import write_sweep_summary
+    from tests.test_experiments import write_run
+
+    d = tmp_path / "sweep"
+    write_run(d / "0", values={"mrr": [0.2, 0.4]}, job=0)
+    (d / "summary.md").write_text("my own summary")
+    assert write_sweep_summary(d) == []
+    assert (d / "summary.md").read_text() == "my own summary" and not (d / "summary.csv").exists()
+    assert f"ragrig: the sweep's summary was not written: {d / 'summary.md'} was not written by a ragrig report" \
+        in capsys.readouterr().err

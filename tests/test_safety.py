@@ -44,3 +44,48 @@ def test_a_run_writes_only_to_its_output_and_cache_dirs(tiny_files, tmp_path):
     assert _files_under(home) == set()
     assert _files_under(PROJECT_ROOT / "conf") | _files_under(PROJECT_ROOT / "data") == project_before
     assert (tiny_files["out"] / "metrics.json").exists() and any(tiny_files["cache"].iterdir())
+
+
+# ---- experiments.compare --out: only what compare wrote is replaced -----------------------------
+
+def _compare(runs: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments.compare", str(runs), "--out", str(out), *extra],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in d.rglob("*") if p.is_file()}
+
+
+def _two_runs(root: Path) -> Path:
+    from tests.test_experiments import write_run
+
+    write_run(root / "a", variant="v1", values={"mrr": [0.1, 0.5, 0.9], "recall_at_k": [0, 1, 1]})
+    write_run(root / "b", variant="v2", values={"mrr": [0.2, 0.6, 0.8], "recall_at_k": [1, 1, 1]})
+    return root
+
+
+def test_compare_refuses_an_out_folder_holding_the_users_files(tmp_path):
+    runs, out = _two_runs(tmp_path / "runs"), tmp_path / "paper"
+    (out / "charts").mkdir(parents=True)
+    (out / "charts" / "figure1_final.png").write_bytes(b"the figure I spent a week on")
+    (out / "summary.md").write_text("my summary")
+    (out / "report.html").write_text("<p>mine</p>")
+    before = _files(out)
+    done = _compare(runs, out)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (f"compare: error: --out {out} holds report.html, which compare did not write; "
+                                   "give an empty or new --out")  # (a folder's own files before its subfolders')
+    assert _files(out) == before
+
+
+def test_compare_replaces_its_own_earlier_report_but_refuses_once_a_user_file_is_added(tmp_path):
+    runs, out = _two_runs(tmp_path / "runs"), tmp_path / "cmp"
+    assert _compare(runs, out).returncode == 0
+    assert _compare(runs, out, "--no-html").returncode == 0, "its own report: replaced"
+    assert not (out / "report.html").exists()
+    (out / "charts" / "annotated.png").write_bytes(b"mine")
+    before = _files(out)
+    done = _compare(runs, out)
+    assert done.returncode == 2 and "holds charts/annotated.png, which compare did not write" in done.stderr
+    assert _files(out) == before

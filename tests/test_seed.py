@@ -5,11 +5,18 @@ rebuilds it)."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
+import shutil
 from pathlib import Path
 
-from rag.cache import ArtifactCache
+import numpy as np
+
+from rag.cache import RECORD_SUMS, ArtifactCache
 from rag.config import PROJECT_ROOT
 from rag.pipeline import run
+from rag.reranker.pointwise import SCORES
 from rag.seed import INDEX, build_seed, main
 from tests.conftest import MODEL_CACHE
 
@@ -24,6 +31,15 @@ def test_the_seed_index_lists_every_entry_and_each_is_intact():
     store = ArtifactCache(SEED)
     assert all(store.lookup(kind, key) is not None for kind, key in listed)
     assert index["records"]["rerank_scores"] == len(list(SEED.glob("rerank_scores/*/*.json"))) == 300
+
+
+def test_every_seed_record_matches_its_checksum(tmp_path, caplog):
+    index = json.loads((SEED / INDEX).read_text())
+    assert sorted(index[RECORD_SUMS]["rerank_scores"]) == sorted(p.stem for p in SEED.glob("rerank_scores/*/*.json"))
+    seeded = ArtifactCache(tmp_path / "cache", seed=SEED)
+    assert all(seeded.get_record("rerank_scores", key) for key in index[RECORD_SUMS]["rerank_scores"]), \
+        "every record matches its checksum"
+    assert not [r for r in caplog.records if r.name == "rag.cache"]
 
 
 def test_cold_v3_and_v4_runs_on_the_default_slice_embed_no_chunk_and_score_no_candidate(compose_cfg, tmp_path):
@@ -67,3 +83,56 @@ def test_build_seed_copies_intact_vectors_and_score_records(tmp_path, capsys):
 def test_a_missing_cache_is_one_line_and_exit_2(tmp_path, capsys):
     assert main([str(tmp_path / "absent")]) == 2
     assert capsys.readouterr().err.strip() == f"rag.seed: error: {tmp_path / 'absent'}: no such directory"
+
+
+def _v3(cfg_for, cache: Path, model_cache: Path, seed: Path, out: Path) -> list[dict]:
+    cfg = cfg_for(["+version=v3", "llm=none", f"paths.cache={cache}", f"paths.model_cache={model_cache}",
+                   f"paths.seed={seed}", "embedder.show_progress=false", "eval.latency.sample=0"])
+    run(cfg, out)
+    return [json.loads(line) for line in (out / "per_question.jsonl").read_text().splitlines()]
+
+
+def test_a_seed_record_with_a_flipped_byte_is_named_and_scored_anew_as_an_unseeded_run_would(
+        compose_cfg, tmp_path, monkeypatch, caplog):
+    """A score of -5.1 turned into 5.1 by one byte would put that question's worst candidate
+    first; the record fails its checksum, is named, and the cross-encoder scores the question."""
+    read: list[str] = []
+    get_record = ArtifactCache.get_record
+
+    def noting(self, kind, key):
+        if kind == SCORES:
+            read.append(key)
+        return get_record(self, kind, key)
+
+    monkeypatch.setattr(ArtifactCache, "get_record", noting)
+    intact = _v3(compose_cfg, tmp_path / "cache", MODEL_CACHE, SEED, tmp_path / "intact")
+    monkeypatch.undo()
+    sums = json.loads((SEED / INDEX).read_text())[RECORD_SUMS][SCORES]
+    seed = tmp_path / "seed"  # a copy, then one byte of one of v3's records flipped
+    shutil.copytree(SEED, seed, ignore=shutil.ignore_patterns("vectors"))
+    shutil.copytree(SEED / "vectors", seed / "vectors", copy_function=os.link)  # never written
+    store = ArtifactCache(seed)
+    key, path, original = next(
+        (k, p, rec["scores"]) for k in sorted(set(read) & set(sums))
+        for p in [store.record_path(SCORES, k, seed)] for rec in [json.loads(p.read_text())]
+        if -min(rec["scores"]) > max(rec["scores"]))
+    worst = json.dumps(min(original))  # as the file spells it; the flip keeps the file's length
+    text, n = re.subn(rf"(?<=[ \[]){re.escape(worst)}(?=[,\]])", " " + worst[1:], path.read_text())
+    assert n == 1
+    path.write_text(text)
+    # the model artifacts are shared read-only; the recomputed record goes to this test's own cache
+    models = tmp_path / "models"
+    for kind in ("onnx_model", "cross_encoder", "corpus"):
+        shutil.copytree(MODEL_CACHE / kind, models / kind, copy_function=os.link)
+    caplog.set_level(logging.WARNING, logger="rag.cache")
+    flipped = _v3(compose_cfg, tmp_path / "cache", models, seed, tmp_path / "flipped")
+    assert f"cache: seed record {path} is damaged (its sha256 differs from the one in {seed / INDEX}); " \
+           "computing it instead" in [r.getMessage() for r in caplog.records]
+    assert [[d["chunk_id"] for d in r["retrieved"]] for r in flipped] == \
+           [[d["chunk_id"] for d in r["retrieved"]] for r in intact], "every question ranks as with the intact seed"
+    assert np.allclose([d["score"] for r in flipped for d in r["retrieved"]],
+                       [d["score"] for r in intact for d in r["retrieved"]], rtol=0, atol=1e-6)
+    [rescored] = [p for p in (models / SCORES).glob("*/*.json")]
+    assert rescored.stem == key, "only the damaged record's question was scored"
+    assert np.allclose(ArtifactCache(models).get_record(SCORES, key)["scores"], original, rtol=0, atol=1e-3), \
+        "the cross-encoder's own scores are what the record held before the flip"

@@ -80,6 +80,11 @@ def test_grid_multirun_writes_summary_and_charts(grid_sweep):
 
     md = (grid_sweep / "summary.md").read_text()
     assert "4 jobs: 4 ok, 0 failed" in md and "(baseline)" in md
+    # the defaults (chunk_size 512, alpha 0.5), composed inside the running sweep, are not in this
+    # grid: its first cell is the baseline, the verdict says why and names the best cell
+    assert ("Baseline: chunk_size=100 alpha=0.3, the first run: no run has the configuration's default values "
+            "(chunk_size=512, alpha=0.5)") in md
+    assert "Best: " in md.split("## Results")[0]
     charts = grid_sweep / "charts"
     for name in ("grid_heatmap", "grid_heatmap_metrics", "latency_quality"):
         assert_valid_png(charts / f"{name}.png")

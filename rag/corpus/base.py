@@ -225,13 +225,17 @@ def concatenate_parts(parts: list[Any], who: str, what: str) -> list[Any]:
     return out
 
 
-def jsonl_records(path: Path, id_field: str, what: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+def jsonl_records(path: Path, id_field: str, what: str, setting: str | None = None,
+                  taken: Iterable[str] = ()) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """("file:line", id, object) for each line of a JSON-lines file whose `id_field` is unique:
-    a missing id or a repeated one is one error naming the line (and the first line of the id)."""
+    a missing id or a repeated one is one error naming the line (and the first line of the id).
+    `setting` names the setting that reads the id from another field, `taken` the fields read for
+    something else (see `present_field`)."""
     first_line: dict[str, int] = {}
     for lineno, obj in iter_jsonl(path):
         where = f"{path}:{lineno}"
-        key = text_field(obj, id_field, where, is_id=True)
+        key = (present_field(obj, id_field, where, setting, is_id=True, taken=taken) if setting
+               else text_field(obj, id_field, where, is_id=True))
         claim_id(first_line, key, lineno, where, what)
         yield where, key, obj
 
@@ -263,6 +267,41 @@ def text_value(value: Any, field: str, where: str, *, required: bool = True, is_
 def text_field(obj: dict[str, Any], field: str, where: str, *, required: bool = True, is_id: bool = False) -> str | None:
     """obj[field] under `text_value`'s rule; `where` is "file:line" for the message."""
     return text_value(obj.get(field), field, where, required=required, is_id=is_id)
+
+
+def present_field(obj: dict[str, Any], field: str, where: str, setting: str, *, is_id: bool = False,
+                  required: bool = True, otherwise: str = "", taken: Iterable[str] = ()) -> str | None:
+    """obj[field] under `text_value`'s rule, where a line without the field at all (a file
+    written with other names: `content` for `text`) is told apart from an empty value: the line
+    names the fields the line has and the setting that reads another one,
+    "<where>: no 'text' field (fields: id, content); set corpus.text_field=content to read
+    another field". `otherwise`: a second way out, e.g. "or give 'relevant' labels"; `taken`: the
+    fields the reader reads for something else, never suggested."""
+    if field in obj:  # there: `required` says whether a blank value is an error or None
+        return text_value(obj.get(field), field, where, required=required, is_id=is_id)
+    fields = ", ".join(obj) if obj else "none: the line is an empty object"
+    guess = _likely_field({k: v for k, v in obj.items() if k not in set(taken)}, is_id)
+    fix = f"set {setting}={guess or '<field>'} to read another field"
+    raise RagError(f"{where}: no '{field}' field (fields: {fields}); {fix}{' ' + otherwise if otherwise else ''}")
+
+
+def _likely_field(obj: dict[str, Any], is_id: bool) -> str | None:
+    """The field a user most likely meant: for an id, one whose name says id (`_id`, `doc_id`);
+    for a text, the longest text value on the line. None when nothing fits."""
+    texts = {k: v for k, v in obj.items() if isinstance(v, str) and v.strip()}
+    if is_id:
+        named = [k for k in obj if "id" in k.lower() and isinstance(obj[k], (str, int)) and not isinstance(obj[k], bool)]
+        return named[0] if named else None
+    return max(texts, key=lambda k: len(texts[k])) if texts else None
+
+
+def aliased_field(obj: dict[str, Any], field: str, old: str | None, where: str,
+                  *, is_id: bool = False) -> tuple[str | None, str]:
+    """(value, the name it was read under) of an optional text field that files may still give
+    under its old name (`source` for `group`). The new name wins when both are there: the old one
+    is then an ordinary field of the line (a `source` URL beside a `group`, say)."""
+    name = old if old is not None and field not in obj and old in obj else field
+    return text_field(obj, name, where, required=False, is_id=is_id), name
 
 
 # ---- document checks ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`python -m rag.corpus.export --out data/corpora [corpus ...]`: build corpora from local sources.
+"""`python -m rag.corpus.export --out data/corpora [corpus ...] [override ...]`: build corpora from local sources.
 
 Renders the man pages, walks the installed torch package's docstrings and reads PubMedQA/MEDLINE
 files through the artifact cache (so later runs start warm), and exports each corpus as JSONL
@@ -14,27 +14,38 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import DictConfig
 
 from rag.artifacts import load_corpus
 from rag.cache import ArtifactCache, atomic_write_text
-from rag.config import PROJECT_ROOT, register_resolvers
+from rag.config import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
 from rag.settings import load
 from rag.types import RagError
 
 
+DEFAULT_CORPORA = ("pubmedqa", "libc", "pytorch")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("corpora", nargs="*", default=["pubmedqa", "libc", "pytorch"], help="corpus config names")
-    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "data" / "corpora")
-    parser.add_argument("overrides", nargs=argparse.REMAINDER, help="extra Hydra overrides")
+    from rag.cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="python -m rag.corpus.export", description=__doc__.splitlines()[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("words", nargs="*", metavar="CORPUS|OVERRIDE",
+                        help=f"corpus config names (default: {' '.join(DEFAULT_CORPORA)}) and Hydra overrides "
+                             "(key=value), e.g. jsonl corpus.path=docs.jsonl")
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "data" / "corpora",
+                        help="directory the <corpus>.jsonl files are written to")
     args = parser.parse_args(argv)
+    # A word with = (or a ~deletion) is an override; positional overrides after the names were
+    # otherwise taken for corpus names.
+    overrides = [w for w in args.words if "=" in w or w.startswith("~")]
+    names = [w for w in args.words if w not in overrides] or list(DEFAULT_CORPORA)
     register_resolvers()
-    for name in args.corpora:
-        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=[f"corpus={name}", *args.overrides])
+    for name in names:
         t0 = time.perf_counter()
         try:
-            settings = load(cfg)
+            settings = load(_compose([f"corpus={name}", *overrides]))
             docs, skipped = load_corpus(instantiate(settings.nodes.corpus, _convert_="all"),
                                         ArtifactCache(settings.paths.cache))
         except RagError as e:
@@ -48,5 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _compose(overrides: list[str]) -> DictConfig:
+    try:
+        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+            return compose(config_name="config", overrides=overrides)
+    except Exception as e:
+        if not is_config_error(e):
+            raise
+        raise RagError(config_error_line(e)) from None
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    from rag.cli import run_cli
+
+    run_cli(main)

@@ -1,40 +1,51 @@
-"""A user corpus as JSON lines: one object per line with an id, a text and optionally a source."""
+"""A user corpus as JSON lines: one object per line with an id, a text and optionally a group tag.
+
+    {"id": "note-1", "text": "Backups run nightly at 02:00.", "group": "ops"}
+    {"id": "note-2", "text": "The VPN needs a token.", "group": "it"}
+
+`group` is the tag that source filters, the per-source chunker and the per-group metrics use;
+files written before it was called so give it as `source`, which is still read."""
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from typing import Any
 
-from rag.corpus.base import Corpus, as_path, claim_id, file_fingerprint, iter_jsonl, text_field
+from rag.corpus.base import Corpus, aliased_field, as_path, claim_id, file_fingerprint, iter_jsonl, present_field
 from rag.types import Document, RagError
+
+GROUP, OLD_GROUP = "group", "source"
 
 
 class JsonlCorpus(Corpus):
-    """Every field other than id/text/source goes to `meta`; a "meta" object field is merged
-    into it (its keys win, as they were put there on purpose)."""
+    """Every field other than id/text/group is kept in `meta`; a "meta" object field is merged
+    into it (its keys win, as they were put there on purpose). The group tag becomes the
+    document's `source` (rag.types.Document)."""
+
+    format_version = 2  # the group tag's field: `group`, `source` read as its old name
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         id_field: str = "id",
         text_field: str = "text",
-        source_field: str = "source",
-        default_source: str = "user",
+        group_field: str = GROUP,
+        default_group: str = "user",
     ) -> None:
         super().__init__()
         self.path = as_path(path)
         self.id_field = id_field
         self.text_field = text_field
-        self.source_field = source_field
-        self.default_source = default_source
+        self.group_field = group_field
+        self.default_group = default_group
 
     def settings(self) -> dict[str, Any]:
         return {
             "path": str(self.path),
             "id_field": self.id_field,
             "text_field": self.text_field,
-            "source_field": self.source_field,
-            "default_source": self.default_source,
+            "group_field": self.group_field,
+            "default_group": self.default_group,
         }
 
     def inputs(self) -> Any:
@@ -46,20 +57,25 @@ class JsonlCorpus(Corpus):
     def iter_documents(self) -> Iterator[Document]:
         self.skipped = []
         first_line: dict[str, int] = {}
-        reserved = {self.id_field, self.text_field, self.source_field, "meta"}
+        # The old name is the group only while the group field keeps its default name.
+        old = OLD_GROUP if self.group_field == GROUP else None
+        reserved = {self.id_field, self.text_field, self.group_field, "meta"}
+        read = reserved | {OLD_GROUP}  # never suggested as the id or the text
         for lineno, obj in iter_jsonl(self.path):
             where = f"{self.path}:{lineno}"
-            doc_id = text_field(obj, self.id_field, where, is_id=True)
-            text = text_field(obj, self.text_field, where, required=False)
+            doc_id = present_field(obj, self.id_field, where, "corpus.id_field", is_id=True,
+                                   taken=read - {self.id_field})
+            text = present_field(obj, self.text_field, where, "corpus.text_field", required=False,
+                                 taken=read - {self.text_field})
             if text is None:
                 raise RagError(f"{where}: document {doc_id!r} has empty text (field '{self.text_field}')")
             claim_id(first_line, doc_id, lineno, where, "document")
-            source = text_field(obj, self.source_field, where, required=False) or self.default_source
+            group, group_name = aliased_field(obj, self.group_field, old, where)
             extra = obj.get("meta")
             if extra is not None and not isinstance(extra, dict):
                 raise RagError(f"{where}: field 'meta' must be an object, got {type(extra).__name__}")
-            meta = {k: v for k, v in obj.items() if k not in reserved}
+            meta = {k: v for k, v in obj.items() if k not in reserved and k != group_name}
             meta.update(extra or {})
-            yield Document(id=doc_id, text=text, source=source, meta=meta)
+            yield Document(id=doc_id, text=text, source=group or self.default_group, meta=meta)
         if not first_line:
             raise RagError(f"{self.path}: file is empty")

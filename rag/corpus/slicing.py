@@ -1,13 +1,46 @@
-"""What a run reads of a corpus and its questions: a deterministic slice of both, and the checks
-that the questions fit the documents (unique ids, sources and labels that exist).
+"""What a run reads of a corpus and its questions: a deterministic slice of both, what the slice
+kept of each (`Kept`), and the checks that the questions fit the documents (unique ids, sources and
+labels that exist).
 
 Loading a corpus through the artifact cache is rag.artifacts' (`Artifacts.inputs`)."""
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from dataclasses import dataclass
+from typing import Any
 
 from rag.types import Document, QAItem, RagError
+
+
+@dataclass(frozen=True)
+class Kept:
+    """How much of one input a slice setting kept: `kept` of `of` documents, questions or answered
+    questions under `setting` = `value` (None: null, keep all). A run says so wherever it took a
+    sample (`line`) and records it in metrics.json's `slice` (`to_json`), so that a user's
+    evaluation never loses questions without a word."""
+
+    what: str  # "documents" | "questions" | "answered questions"
+    kept: int
+    of: int
+    setting: str  # "slice.questions_per_corpus"
+    value: int | None
+
+    @property
+    def sampled(self) -> bool:
+        return self.kept < self.of
+
+    def line(self) -> str:
+        value = "null" if self.value is None else self.value
+        return f"kept {self.kept} of {self.of} {self.what} ({self.setting}={value}; null keeps all)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kept": self.kept, "of": self.of, "setting": self.setting, "value": self.value}
+
+    @classmethod
+    def from_json(cls, key: str, entry: dict[str, Any]) -> Kept:
+        """An entry of metrics.json's `slice` under its key (answered_questions: "answered questions")."""
+        return cls(key.replace("_", " "), entry["kept"], entry["of"], entry["setting"], entry["value"])
 
 
 def check_unique_ids(ids: list[str], what: str) -> None:

@@ -9,6 +9,11 @@ same model moved to another host keeps its vectors. The first batch settles the 
 later batch, a query and the cached index must agree with it, and a batch that does not is an
 error: nothing of a failed build is cached.
 
+A reply is checked like a file before any vector is used: one row per text, each placed by its
+`index` (a server may answer in any order, and an order it does not state cannot be verified, so
+a row without one is refused, never taken in arrival order), every row a list of finite numbers of
+one length, and none all zeros (a zero vector has no direction, so no cosine).
+
 The evaluation embedder E stays local and fixed (eval.embedder): it defines the metrics.
 """
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 
 from rag.endpoint import Endpoint, EndpointError, map_concurrent
 from rag.models import TokenCounter
+from rag.reply import BadReply, reported_tokens, shown
 from rag.types import RagError
 
 
@@ -103,7 +109,8 @@ class OpenAIEmbedder:
         payload: dict[str, Any] = {"model": self.model_name, "input": texts, "encoding_format": "float"}
         if self.dimensions is not None:
             payload["dimensions"] = self.dimensions
-        reply = self.endpoint.post("/embeddings", payload, lambda data: _vectors(data, len(texts)), stop)
+        known = self.dimensions or self._dim
+        reply = self.endpoint.post("/embeddings", payload, lambda data: _vectors(data, len(texts), known), stop)
         vecs, tokens = reply.value
         if self.counter is not None:
             tokens = self.counter(texts)
@@ -172,18 +179,54 @@ class OpenAIEmbedder:
         self.usage["wall_s"] += time.perf_counter() - t0
 
 
-def _vectors(data: Any, n: int) -> tuple[np.ndarray, int | None] | None:
-    """The reply's vectors in input order and its prompt tokens; None when the body is not an
-    embeddings reply for these `n` texts (retried like a server error)."""
-    try:
-        rows = sorted(data["data"], key=lambda r: int(r.get("index", 0)))
-        if len(rows) != n or [int(r.get("index", i)) for i, r in enumerate(rows)] != list(range(n)):
-            return None
-        vecs = np.asarray([r["embedding"] for r in rows], dtype=np.float64)
-    except (KeyError, TypeError, ValueError, AttributeError):
+def _vectors(data: Any, n: int, dim: int | None) -> tuple[np.ndarray, int | None] | None:
+    """The reply's vectors in input order (placed by their `index`) and its prompt tokens; None
+    when the body is no embeddings reply (retried); a BadReply when its rows do not give each of the
+    `n` texts one usable vector (of `dim` values, when the dimension is known)."""
+    rows = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
         return None
-    if vecs.ndim != 2 or vecs.shape[1] == 0 or not np.isfinite(vecs).all():
-        return None
-    usage = data.get("usage") or {}
-    tokens = usage.get("prompt_tokens", usage.get("total_tokens"))
-    return vecs, int(tokens) if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) else None
+    if len(rows) != n:
+        raise BadReply(f"{_many(len(rows), 'vector')} for {_many(n, 'text')}")
+    placed: list[Any] = [None] * n
+    for pos, row in enumerate(rows):
+        i = row.get("index") if isinstance(row, dict) else None
+        if i is None:
+            raise BadReply(f"data[{pos}] has no index, so its vector cannot be matched to its text")
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            raise BadReply(f"index {shown(i)} (data[{pos}]) for {_many(n, 'text')}")
+        if placed[i] is not None:
+            raise BadReply(f"index {i} twice")
+        placed[i] = row.get("embedding")
+        if placed[i] is None:
+            raise BadReply(f"row {i} has no embedding")
+    return _checked_rows(placed, dim), reported_tokens(data, "prompt_tokens", "total_tokens")
+
+
+def _checked_rows(rows: list[Any], dim: int | None) -> np.ndarray:
+    """The rows as one float64 array; a BadReply naming the first row that is no list of finite
+    numbers, has another length than the others (or than `dim`) or is all zeros."""
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or not row:
+            raise BadReply(f"row {i} is {shown(row)}, not a list of numbers")
+        j = next((j for j, x in enumerate(row) if type(x) not in (int, float)), -1)  # type(): true is an int
+        if j >= 0:
+            raise BadReply(f"row {i} holds {shown(row[j])} at position {j}, not a number")
+    lengths = [len(row) for row in rows]
+    if len(set(lengths)) > 1:
+        expected = dim if dim is not None else lengths[0]
+        i = next(i for i, k in enumerate(lengths) if k != expected)
+        raise BadReply(f"row {i} has {lengths[i]} values, expected {expected}"
+                       + ("" if dim is not None else " (as row 0)"))
+    vecs = np.asarray(rows, dtype=np.float64)
+    beyond = np.flatnonzero(~(np.abs(vecs) <= float(np.finfo(np.float32).max)).all(axis=1))
+    if len(beyond):
+        raise BadReply(f"row {int(beyond[0])} holds a value that is no finite float32")
+    zero = np.flatnonzero(~vecs.any(axis=1))
+    if len(zero):
+        raise BadReply(f"row {int(zero[0])} is all zeros (a zero vector has no direction, so no cosine)")
+    return vecs
+
+
+def _many(k: int, noun: str) -> str:
+    return f"{k} {noun}" if k == 1 else f"{k} {noun}s"

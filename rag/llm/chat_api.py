@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag.endpoint import Cancelled, Endpoint, EndpointError, map_concurrent
+from rag.reply import BadReply, reported_tokens, shown
 
 __all__ = ["Cancelled", "ChatEndpoint", "Completion", "EndpointError", "map_concurrent"]
 
@@ -41,12 +42,16 @@ class ChatEndpoint(Endpoint):
 
 
 def _completion(data: Any) -> Completion | None:
+    """The first choice's text and the usage; None for a body that is no completion (retried), a
+    BadReply for text that is not a string or token counts that are not counts (they become costs)."""
     try:
         choice = data["choices"][0]
-        content = choice["message"].get("content") or ""
+        content = choice["message"].get("content")
     except (KeyError, IndexError, TypeError, AttributeError):
         return None
-    usage = data.get("usage") or {}
-    return Completion(text=content, prompt_tokens=usage.get("prompt_tokens"),
-                      completion_tokens=usage.get("completion_tokens"), finish_reason=choice.get("finish_reason"),
-                      served_model=data.get("model"), latency_ms=0.0, attempts=0)
+    if content is not None and not isinstance(content, str):
+        raise BadReply(f"choices[0].message.content is {shown(content)}, not text")
+    return Completion(text=content or "", prompt_tokens=reported_tokens(data, "prompt_tokens"),
+                      completion_tokens=reported_tokens(data, "completion_tokens"),
+                      finish_reason=choice.get("finish_reason"), served_model=data.get("model"), latency_ms=0.0,
+                      attempts=0)

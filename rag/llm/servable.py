@@ -68,4 +68,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from rag.cli import run_cli
+
+    run_cli(main)

@@ -5,7 +5,9 @@ Each question's first `top_n` candidates go in one request of their own, over th
 transport (rag/endpoint.py); the scores are recorded per question like the cross-encoder's
 (rag/reranker/pointwise.py: cache, fusion with the first stage, ties in retrieval order), keyed by
 the served model's name (never the URL or the key). A reply whose indexes are missing, repeated or
-out of range is an error naming the endpoint and model, and nothing of it is recorded.
+out of range, or whose scores are not finite numbers (JSON's `true` is no score, though Python
+counts it an int), is an error naming the endpoint, the model and the document, and nothing of it
+is recorded.
 """
 from __future__ import annotations
 
@@ -14,10 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from rag.endpoint import Endpoint, EndpointError
+from rag.endpoint import Endpoint
 from rag.models import TokenCounter
+from rag.reply import BadReply, reported_tokens, shown
 from rag.reranker.pointwise import PointwiseReranker
 from rag.types import RagError
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # scores are kept as float32: a larger one would become inf
 
 
 class HTTPReranker(PointwiseReranker):
@@ -85,28 +90,38 @@ class HTTPReranker(PointwiseReranker):
 
     def _scores(self, data: Any, n: int) -> tuple[np.ndarray, int | None] | None:
         """The scores in the candidates' order; None for a body that is no rerank reply (retried),
-        an EndpointError for one whose indexes do not cover the candidates exactly."""
+        a BadReply for one whose rows do not give each candidate exactly one finite score."""
         rows = data.get("results", data.get("data")) if isinstance(data, dict) else data  # TEI: a bare list
         if not isinstance(rows, list):
             return None
         scores = np.full(n, np.nan, np.float32)
-        for r in rows:
-            try:
-                i = r["index"]
-                s = float(r["relevance_score"] if "relevance_score" in r else r["score"])
-            except (KeyError, TypeError, ValueError):
-                return None
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n or not np.isnan(scores[i]):
-                raise self._bad_indexes(f"index {i!r} for {n} documents" if not isinstance(i, int) or not 0 <= i < n
-                                        else f"index {i} twice")
-            scores[i] = s
+        for pos, row in enumerate(rows):
+            i, score = _scored(row, pos, n)
+            if not np.isnan(scores[i]):
+                raise BadReply(f"index {i} twice")
+            scores[i] = score
         missing = np.flatnonzero(np.isnan(scores))
         if len(missing):
-            raise self._bad_indexes(f"no score for {len(missing)} of {n} documents (e.g. index {int(missing[0])})")
-        usage = data.get("usage") if isinstance(data, dict) else None  # Jina, vLLM; Cohere bills search units
-        tokens = usage.get("total_tokens", usage.get("prompt_tokens")) if isinstance(usage, dict) else None
-        return scores, int(tokens) if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) else None
+            raise BadReply(f"no score for {len(missing)} of {n} documents (e.g. index {int(missing[0])})")
+        # Jina, vLLM; Cohere bills search units
+        return scores, reported_tokens(data, "total_tokens", "prompt_tokens")
 
-    def _bad_indexes(self, what: str) -> EndpointError:
-        return EndpointError(f"reranker: POST {self.endpoint.url('/rerank')} answered with {what} "
-                             f"(reranker.model={self.model_name}); nothing of this reply is kept", status=None)
+
+def _scored(row: Any, pos: int, n: int) -> tuple[int, float]:
+    """(index, score) of one row of a rerank reply."""
+    if not isinstance(row, dict):
+        raise BadReply(f"results[{pos}] is {shown(row)}, not an object")
+    i = row.get("index")
+    if i is None:
+        raise BadReply(f"results[{pos}] has no index")
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+        raise BadReply(f"index {shown(i)} for {n} documents")
+    field = "relevance_score" if "relevance_score" in row else "score"
+    if field not in row:
+        raise BadReply(f"results[{pos}] (document {i}) has no relevance_score")
+    score = row[field]
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
+        raise BadReply(f"score of document {i} is {shown(score)}, not a number")
+    if not abs(score) <= FLOAT32_MAX:
+        raise BadReply(f"score of document {i} is {shown(score)}, beyond a float32 score's range")
+    return i, float(score)

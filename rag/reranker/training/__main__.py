@@ -1,5 +1,4 @@
-import sys
-
+from rag.cli import run_cli
 from rag.reranker.training.cli import main
 
-sys.exit(main())
+run_cli(main)

@@ -1,0 +1,151 @@
+"""Generation on OpenVINO GenAI (`llm=openvino`, int8 weights) against today's default engine
+(`llm=smollm2`: transformers + torch, float32), in one process, on v3's prompts (the prompts of
+benchmarks.generation_speed: `n_per_corpus` questions of each corpus of the default slice).
+
+Both engines run the same configured decoding (greedy, 64 new tokens, the repetition guard) with
+the same threads. Measured per engine: prefill tokens/s (every prompt with one new token),
+end-to-end tokens/s of the full answers and the decode rate that leaves, best of `repeats` after a
+warm-up; then **generation_speedup_openvino** (end-to-end tokens/s ratio), the identical-answer
+share, and the paired differences of answer-GT, grounding and hallucination (fp32 as the
+baseline: mean, paired-bootstrap 95% CI, Holm-corrected p-values of the paired randomization test,
+as the verdict computes them).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import environment, finish, ratio, row, start
+from benchmarks.generation_speed import answer_scores, v3_prompts
+
+
+def _engine(name: str, base_llm: dict[str, Any], threads: int) -> Any:
+    from rag.llm.hf import HFGenerator
+    from rag.llm.openvino import OpenVINOGenerator
+
+    args = {k: v for k, v in base_llm.items() if k != "_target_"}
+    args["num_threads"] = threads
+    if name == "fp32":
+        return HFGenerator(**args)
+    keep = ("model", "gguf_file", "max_new_tokens", "temperature", "seed", "batch_size", "prompt", "system_prompt",
+            "stop", "repeat_stop_ngram")
+    return OpenVINOGenerator(weights="int8", **{k: args[k] for k in keep if k in args}, num_threads=threads)
+
+
+def _timed(gen: Any, prompts: dict[str, Any], max_new_tokens: int | None, repeats: int) -> tuple[float, list[str], dict]:
+    cap = gen.rules.max_new_tokens
+    if max_new_tokens is not None:
+        gen.rules = type(gen.rules)(max_new_tokens, gen.rules.stop, gen.rules.repeat_stop_ngram,
+                                    gen.rules.no_repeat_ngram_size)
+        gen.max_new_tokens = max_new_tokens
+    try:
+        best, answers, stats = float("inf"), [], {}
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = gen.generate(prompts["questions"], prompts["contexts"])
+            wall = time.perf_counter() - t0
+            if wall < best:
+                best, answers, stats = wall, out, dict(gen.stats)
+        return best, answers, stats
+    finally:
+        gen.rules = type(gen.rules)(cap, gen.rules.stop, gen.rules.repeat_stop_ngram, gen.rules.no_repeat_ngram_size)
+        gen.max_new_tokens = cap
+
+
+def measure(name: str, base_llm: dict[str, Any], prompts: dict[str, Any], threads: int, repeats: int) -> dict[str, Any]:
+    gen = _engine(name, base_llm, threads)
+    t0 = time.perf_counter()
+    gen.warm_up()
+    load_s = time.perf_counter() - t0
+    gen.generate(prompts["questions"][:1], prompts["contexts"][:1])  # kernels and allocator warm
+    prefill_s, _, pre = _timed(gen, prompts, 1, repeats)
+    wall, answers, st = _timed(gen, prompts, None, repeats)
+    n = len(prompts["questions"])
+    prefill_tokens = pre["prefill_tokens"]
+    decode_tokens = st["new_tokens"] - n  # the first new token of each answer comes with its prefill
+    return {"engine": name, "load_s": round(load_s, 1), "wall_s": round(wall, 2), "answers": answers,
+            "new_tokens": st["new_tokens"], "prefill_tokens": prefill_tokens,
+            "prefill_tokens_per_s": round(prefill_tokens / prefill_s, 1),
+            "tokens_per_s": round(st["new_tokens"] / wall, 2),
+            "decode_tokens_per_s": round(decode_tokens / max(wall - prefill_s, 1e-9), 2)}
+
+
+def paired(baseline: np.ndarray, other: np.ndarray) -> dict[str, Any]:
+    """The verdict's paired comparison (experiments.stats) of two engines' per-question values."""
+    from experiments.stats import paired_bootstrap
+
+    ids = [str(i) for i in range(len(baseline))]
+    d = paired_bootstrap(dict(zip(ids, map(float, baseline))), dict(zip(ids, map(float, other))), n_resamples=10_000)
+    return {"mean_diff": round(d.mean_diff, 4), "ci95": [round(d.ci_low, 4), round(d.ci_high, 4)], "p": d.p_value}
+
+
+def _missing_engine() -> str | None:
+    import importlib.util
+
+    from rag.llm.openvino import DEFAULT_EXPORT_PYTHON
+
+    if importlib.util.find_spec("openvino_genai") is None or not DEFAULT_EXPORT_PYTHON.exists():
+        return "openvino-genai or its export environment is not installed (make openvino)"
+    return None
+
+
+def bench_openvino_generation(quick: bool = True, full: bool = False, tiny: bool = False,
+                              n_per_corpus: int | None = None, threads: int = 2, repeats: int | None = None,
+                              overrides: list[str] = ()) -> dict[str, Any]:
+    """llm=openvino against llm=smollm2 on v3's prompts: speed, identical answers, answer metrics."""
+    clock = start()
+    missing = _missing_engine()
+    if missing:
+        return finish({"skipped": missing, "table": [row("llm=openvino", "skipped", "", missing)]}, clock)
+    n = n_per_corpus or (1 if tiny else 50 if full else 8)
+    repeats = repeats or (1 if tiny else 3)
+    prompts = v3_prompts(n, list(overrides))
+    runs = {name: measure(name, prompts["llm"], prompts, threads, repeats) for name in ("fp32", "openvino")}
+    fp, ov = runs["fp32"], runs["openvino"]
+    scores = {name: answer_scores(r["answers"], prompts) for name, r in runs.items()}
+    diffs = {m: paired(scores["fp32"][m].astype(float), scores["openvino"][m].astype(float))
+             for m in ("answer_gt", "grounding", "hallucination")}
+    from experiments.stats import holm
+
+    adjusted = holm([d["p"] for d in diffs.values()])
+    for d, p in zip(diffs.values(), adjusted):
+        d["p_holm"] = None if np.isnan(p) else round(float(p), 4)
+        d["significant"] = bool(p < 0.05)
+    identical = float(np.mean([a == b for a, b in zip(fp["answers"], ov["answers"])]))
+    out = {
+        "n_questions": len(prompts["questions"]), "threads": threads, "repeats": repeats,
+        "engine": "openvino-genai int8 (llm=openvino) vs transformers fp32 (llm=smollm2)",
+        "generation_speedup_openvino": ratio(ov["tokens_per_s"], fp["tokens_per_s"]),
+        "prefill_speedup_openvino": ratio(ov["prefill_tokens_per_s"], fp["prefill_tokens_per_s"]),
+        "decode_speedup_openvino": ratio(ov["decode_tokens_per_s"], fp["decode_tokens_per_s"]),
+        "openvino_identical_share": round(identical, 4),
+        "answer_differences": diffs,
+        "quality": {name: {m: round(float(v.mean()), 4) for m, v in s.items()} for name, s in scores.items()},
+        "differing_answers": [{"question": q, "fp32": a, "openvino": b} for q, a, b in
+                              zip(prompts["questions"], fp["answers"], ov["answers"]) if a != b],
+        "engines": runs, "environment": environment(),
+    }
+    out["table"] = table(out)
+    return finish(out, clock)
+
+
+def table(out: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = [row("questions (v3 prompts, default slice)", out["n_questions"], "",
+                f"{out['threads']} threads, best of {out['repeats']}")]
+    for name, r in out["engines"].items():
+        rows.append(row(f"{name}: prefill / decode / end-to-end tokens/s",
+                        f"{r['prefill_tokens_per_s']} / {r['decode_tokens_per_s']} / {r['tokens_per_s']}", "tok/s",
+                        f"{r['wall_s']} s for {r['new_tokens']} tokens; load {r['load_s']} s"))
+    rows += [
+        row("**generation_speedup_openvino** (end to end)", out["generation_speedup_openvino"], "x",
+            f"prefill {out['prefill_speedup_openvino']}x, decode {out['decode_speedup_openvino']}x"),
+        row("identical answers (openvino vs fp32)", out["openvino_identical_share"], "share",
+            f"{len(out['differing_answers'])} differ"),
+    ]
+    for m, d in out["answer_differences"].items():
+        rows.append(row(f"{m}: openvino - fp32", d["mean_diff"], "",
+                        f"95% CI [{d['ci95'][0]}, {d['ci95'][1]}], Holm p {d['p_holm']}"
+                        + (" (significant)" if d["significant"] else "")))
+    return rows

@@ -1,0 +1,91 @@
+"""A server's reply read as data, like a file: strict JSON, and the checks the roles share.
+
+Python's json reads NaN, Infinity and -Infinity, which JSON does not have, and 1e999 as an
+infinite float; `decode_reply` refuses them where they stand, so that none reaches a score, a
+vector or a result file. A role's parser raises `BadReply` for a reply of the right shape whose
+content is wrong; rag/endpoint.py turns it into a one-line error naming the endpoint and model.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+__all__ = ["BadReply", "decode_reply", "reported_tokens", "shown"]
+
+
+class BadReply(Exception):
+    """A reply whose content is wrong; the message says what, in the reply's own terms ("index 0
+    twice", "score of document 2 is true, not a number")."""
+
+
+class _Unusable:
+    """Where a number JSON does not have stood in a decoded reply (found by `_where`)."""
+
+
+def decode_reply(text: str) -> Any:
+    """A reply's JSON, read strictly. Python's json reads NaN, Infinity and -Infinity, which JSON
+    does not have, and 1e999 as an infinite float: refused here, at the door, with where the value
+    stood, so that none reaches a score, a vector or a result file. ValueError: no JSON at all."""
+    found: list[str] = []
+
+    def unusable(token: str) -> _Unusable:
+        found.append(token)
+        return _Unusable()
+
+    def real(token: str) -> float | _Unusable:
+        value = float(token)
+        return value if math.isfinite(value) else unusable(token)
+
+    def integer(token: str) -> int | _Unusable:
+        value = int(token)
+        return value if abs(value) <= sys.float_info.max else unusable(token)
+
+    try:
+        data = json.loads(text, parse_constant=unusable, parse_float=real, parse_int=integer)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if found:
+        try:
+            where = _where(data, "") or "the top"
+        except RecursionError:
+            where = "a deeply nested place"
+        raise BadReply(f"{found[0][:40]} at {where}, not a finite number")
+    return data
+
+
+def _where(node: Any, path: str) -> str | None:
+    if isinstance(node, _Unusable):
+        return path
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        step = f"[{key}]" if isinstance(key, int) else f".{key}" if path else str(key)
+        found = _where(child, path + step)
+        if found is not None:
+            return found
+    return None
+
+
+def shown(value: Any) -> str:
+    """A value of a reply as its JSON wrote it, cut short: true, null, "0.5"."""
+    return " ".join(json.dumps(value, default=str).split())[:40]
+
+
+def reported_tokens(data: Any, *names: str) -> int | None:
+    """The first of `names` that a reply's `usage` reports, as a count of tokens; None when it
+    reports none (some servers do not). A value that is no whole number >= 0 is a BadReply: it
+    would become a cost."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        raise BadReply(f"usage is {shown(usage)}, not an object")
+    for name in names:
+        value = usage.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+            raise BadReply(f"usage.{name} is {shown(value)}, not a count of tokens")
+        return int(value)
+    return None

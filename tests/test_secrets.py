@@ -1,0 +1,209 @@
+"""A secret never reaches a file or the terminal: a key given in the config (as a key override, in
+a config file, pasted where an environment variable's name belongs, or as a URL's password) is
+refused in one line that does not repeat it, before anything is written; and every log line and
+HTTP error line redacts what looks like one (rag/secrets.py, rag/logs.py)."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from rag.config import PROJECT_ROOT
+from rag.endpoint import Endpoint
+from rag.logs import RedactingFormatter
+from rag.secrets import is_env_name, looks_like_secret, redact, redact_url
+from rag.settings import validate
+from rag.types import RagError
+from tests.conftest import tiny_overrides, write_jsonl
+from tests.test_cli_errors import ENV
+
+KEY = "sk-PLANTEDsecret1234567890abcdef"
+PASSWORD = "PLANTEDpassword42"
+PLANTED = "PLANTED"  # in every planted value: grepped for in every file and on the terminal
+
+
+# ---- the redaction itself ---------------------------------------------------------------------
+
+def test_a_urls_credentials_are_redacted_and_the_rest_kept():
+    assert redact_url(f"http://bob:{PASSWORD}@127.0.0.1:9/v1?x=a@b") == "http://…redacted@127.0.0.1:9/v1?x=a@b"
+    assert redact_url("https://TOKEN123@host/v1") == "https://…redacted@host/v1"
+    assert redact_url("mailto:someone@example.org and http://host/a@b") == "mailto:someone@example.org and http://host/a@b"
+
+
+def test_provider_keys_and_bearer_tokens_are_redacted_in_any_text():
+    text = f"failed with {KEY}; header Authorization: Bearer abcdefgh12345678; hf_{'a' * 34} done"
+    shown = redact(text)
+    assert PLANTED not in shown and "abcdefgh12345678" not in shown and "a" * 34 not in shown
+    assert "sk-…redacted" in shown and "Bearer …redacted" in shown and "hf_…redacted" in shown
+    assert redact("sentence-transformers/all-MiniLM-L6-v2 on /tmp/hf_cache/task-1") == \
+        "sentence-transformers/all-MiniLM-L6-v2 on /tmp/hf_cache/task-1"
+
+
+@pytest.mark.parametrize("value,name", [
+    ("OPENAI_API_KEY", True), ("my_key", True), (KEY, False), ("a1B2c3D4e5F6g7H8i9J0kLmN", False),
+    ("OPENAI-KEY", False), ("", False),
+])
+def test_an_environment_variables_name_is_told_from_a_pasted_key(value, name):
+    assert is_env_name(value) is name
+    if value.startswith(("sk-", "a1B2")):
+        assert looks_like_secret(value)
+
+
+def test_log_lines_and_their_tracebacks_are_redacted():
+    fmt = RedactingFormatter("%(levelname)s %(message)s")
+    try:
+        raise ValueError(f"cannot reach http://bob:{PASSWORD}@host/v1")
+    except ValueError:
+        record = logging.LogRecord("ragrig", logging.ERROR, __file__, 1, "key %s failed", (KEY,), sys.exc_info())
+    line = fmt.format(record)
+    assert PLANTED not in line and "ValueError" in line and "http://…redacted@host/v1" in line
+
+
+def test_the_http_client_refuses_a_base_url_with_credentials_without_repeating_them():
+    with pytest.raises(RagError) as e:
+        Endpoint(f"http://bob:{PASSWORD}@127.0.0.1:9/v1", "m", what="embedder")
+    assert str(e.value).startswith("embedder.base_url must not hold credentials (got http://…redacted@127.0.0.1:9/v1)")
+    with pytest.raises(RagError) as e:
+        Endpoint(f"ftp://bob:{PASSWORD}@host/v1", "m")
+    assert PLANTED not in str(e.value)
+    assert PLANTED not in Endpoint("http://127.0.0.1:9/v1", "m").redact(f"redirected to http://u:{PASSWORD}@evil/x")
+
+
+# ---- every role's api_key_env, and keys in the config -------------------------------------------
+
+ROLES = {
+    "llm": ["llm=openai"],
+    "embedder": ["embedder=openai"],
+    "reranker": ["reranker=http"],
+    "eval.judge": [],
+    "contextualizer.llm": ["llm@contextualizer.llm=openai"],
+    "compressor.llm": ["compressor=llm", "llm@compressor.llm=openai"],
+}
+
+
+def _compose(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.mark.parametrize("role", list(ROLES))
+def test_a_key_pasted_into_any_roles_api_key_env_is_refused_redacted(role):
+    with pytest.raises(RagError) as e:
+        validate(_compose([*ROLES[role], f"{role}.api_key_env={KEY}"]))
+    assert str(e.value) == f"{role}.api_key_env must name an environment variable (got a value that looks like a key: sk-…redacted)"
+
+
+@pytest.mark.parametrize("override,expect", [
+    (f"+llm.api_key={PLANTED}plain", ("llm.api_key is not accepted: a key in the config would be written into the "
+                                      "run's files; export it and set llm.api_key_env=NAME")),
+    (f"embedder.base_url=http://bob:{PASSWORD}@127.0.0.1:9/v1",
+     "embedder.base_url must not hold credentials (got http://…redacted@127.0.0.1:9/v1)"),
+    (f"+llm.extra_body.auth={KEY}", "llm.extra_body.auth holds what looks like a key (sk-…redacted)"),
+])
+def test_secrets_anywhere_in_the_config_are_refused_redacted(override, expect):
+    base = ["embedder=openai"] if override.startswith("embedder") else ["llm=openai"]
+    with pytest.raises(RagError) as e:
+        validate(_compose([*base, override]))
+    assert str(e.value).startswith(expect) and PLANTED not in str(e.value)
+
+
+def test_a_variables_name_that_is_set_is_accepted_whatever_it_looks_like(monkeypatch):
+    name = "A1B2C3D4E5F6G7H8I9J0kk"
+    monkeypatch.setenv(name, "x")
+    assert validate(_compose(["llm=openai", "llm.model=m", f"llm.api_key_env={name}"]))["llm"]["api_key_env"] == name
+
+
+# ---- planted secrets: nothing on disk, nothing on the terminal -----------------------------------
+
+def _planted_anywhere(roots: list[Path]) -> list[str]:
+    hits = []
+    for root in roots:
+        for p in [root] if root.is_file() else root.rglob("*"):
+            if p.is_file() and PLANTED.encode() in p.read_bytes():
+                hits.append(str(p))
+    return hits
+
+
+@pytest.fixture
+def project(tmp_path) -> dict[str, Path]:
+    """The tiny files and a paths.root of the test's own, so that outputs/ is the test's."""
+    from tests.conftest import TINY_DOCS, TINY_QA
+
+    files = {
+        "corpus": write_jsonl(tmp_path / "corpus.jsonl", [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS]),
+        "qa": write_jsonl(tmp_path / "qa.jsonl", [{"id": i, "question": q, "answer": a, "source": s, "corpus": c}
+                                                 for i, q, a, s, c in TINY_QA]),
+        "cache": tmp_path / "cache", "root": tmp_path / "root", "conf": tmp_path / "conf",
+    }
+    # a config file of the user's with a key in it (reached through --config-dir)
+    (files["conf"] / "llm").mkdir(parents=True)
+    (files["conf"] / "llm" / "mine.yaml").write_text(f"defaults:\n  - openai\n  - _self_\napi_key: {KEY}\n")
+    return files
+
+
+WAYS_IN = {
+    "key override": ([f"+llm.api_key={KEY}"], "ragrig: error: llm.api_key is not accepted"),
+    "key in api_key_env": (["llm=openai", f"llm.api_key_env={KEY}"],
+                           ("ragrig: error: llm.api_key_env must name an environment variable "
+                            "(got a value that looks like a key: sk-…redacted)")),
+    "password in base_url": (["llm=openai", f"llm.base_url=http://bob:{PASSWORD}@127.0.0.1:9/v1"],
+                             "ragrig: error: llm.base_url must not hold credentials (got http://…redacted@127.0.0.1:9/v1)"),
+    "key in a config file": (["llm=mine"], "ragrig: error: llm.api_key is not accepted"),
+}
+
+
+@pytest.mark.parametrize("mode", ["run", "multirun"])
+@pytest.mark.parametrize("way", list(WAYS_IN))
+def test_a_planted_secret_is_refused_and_found_nowhere(project, way, mode):
+    extra, expect = WAYS_IN[way]
+    out = project["root"] / "outputs" / "mine"
+    where = ["-m", f"hydra.sweep.dir={out}", "fusion.alpha=0.3,0.7", "retriever=hybrid"] if mode == "multirun" \
+        else [f"hydra.run.dir={out}"]
+    args = [sys.executable, str(PROJECT_ROOT / "run.py"), "--config-dir", str(project["conf"]), *where,
+            *tiny_overrides(project), f"paths.root={project['root']}", *extra]
+    done = subprocess.run(args, cwd=project["root"].parent, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip() == next(ln for ln in done.stderr.splitlines() if ln.startswith(expect)), done.stderr
+    assert PLANTED not in done.stdout + done.stderr
+    assert not out.exists(), "refused before Hydra wrote anything"
+    assert _planted_anywhere([project["root"], project["cache"]]) == []
+
+
+def test_without_the_callbacks_the_run_still_refuses_and_writes_nothing(project):
+    """The task's own check, behind the callbacks' (a config without hydra.callbacks), for a key
+    in a config file (one on the command line never gets as far)."""
+    out = project["root"] / "run"
+    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), "--config-dir", str(project["conf"]),
+                           f"hydra.run.dir={out}", "~hydra.callbacks.sweep_summary", *tiny_overrides(project), "llm=mine"],
+                          cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith("ragrig: error: llm.api_key is not accepted")
+    assert PLANTED not in done.stdout + done.stderr
+    assert [p for p in out.rglob("*")] == [], "nothing written into the run's directory"
+
+
+def test_a_secret_on_the_command_line_is_refused_before_hydra_sees_it(tmp_path):
+    """Also where Hydra would only print the config (--cfg job)."""
+    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), "--cfg", "job", "llm=openai",
+                           f"llm.api_key_env={KEY}"], cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("ragrig: error: llm.api_key_env must name an environment variable (got a value that looks "
+                           "like a key: sk-…redacted)\n")
+
+
+@pytest.mark.parametrize("override,expect", [
+    (f"llm.api_key={KEY}", "Could not override 'llm.api_key': 'llm' has no key 'api_key'"),
+    (f"llm.api_key_env={KEY}", "llm.api_key_env=sk-…redacted"),
+    (f"llm.base_url='http://bob:{PASSWORD}@127.0.0.1:9/v1'x", "http://…redacted@127.0.0.1:9/v1"),
+])
+def test_hydras_own_errors_quote_an_override_without_its_secret(override, expect):
+    from rag.config import config_error_line
+
+    with pytest.raises(Exception) as e:  # whichever error Hydra raises, its line is ours
+        _compose([override])
+    line = config_error_line(e.value)
+    assert expect in line and PLANTED not in line, line
