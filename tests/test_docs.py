@@ -111,6 +111,20 @@ def test_latency_figures_may_differ_and_move_line_breaks():
     assert verdict_mismatch(shown, printed) is None
 
 
+def test_a_latency_difference_that_is_significant_in_one_run_only_is_no_mismatch():
+    """Twelve timed questions on a loaded machine decide whether v2's few milliseconds are
+    significant; the quality statements around them are still compared word for word."""
+    head = "==== verdict ==== Against the baseline v1: v3 beats v1 on nDCG@5 by +0.095 [+0.054, +0.136]"
+    with_v2 = [head + ", but loses on retrieval latency ↓ by +1.62 s [+1.47 s, +1.74 s]; v2 loses to v1 on "
+               "retrieval latency ↓ by +14.5 ms [+13.3 ms, +15.7 ms]. Each is significant. Nothing else "
+               "differs; differences from about: MAP@5 0.097."]
+    without_v2 = [head + ", but loses on retrieval latency ↓ by +1.80 s [+1.50 s, +1.90 s]. Each is significant. "
+                  "Nothing else differs; differences from about: MAP@5 0.097; retrieval latency ↓ 5.2 ms."]
+    assert verdict_mismatch(with_v2, without_v2) is None
+    quality_flip = [without_v2[0].replace("+0.095", "+0.090")]
+    assert verdict_mismatch(with_v2, quality_flip) is not None
+
+
 def test_a_changed_word_or_quality_figure_is_reported_where_it_differs():
     printed = ["==== verdict ====", "v3 beats v1 on nDCG@5 by +0.095 [+0.054, +0.136]"]
     found = verdict_mismatch(["==== verdict ====", "v3 beats v1 on nDCG@5 by +0.096 [+0.054, +0.136]"], printed)

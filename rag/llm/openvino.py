@@ -260,21 +260,15 @@ class OpenVINOGenerator(UsesCache, Generator):
         t0 = time.perf_counter()
         for batch in length_batches([len(e) for e in encoded], self.batch_size):
             tb = time.perf_counter()
-            rows = self._generate_rows([encoded[i] for i in batch], eos)
+            rows = [encoded[i] for i in batch]
+            made = [self._generate_one(rows[0], eos)] if len(rows) == 1 else self._generate_rows(rows, eos)
             share = 1000.0 * (time.perf_counter() - tb) / len(batch)
-            for i, row in zip(batch, rows):
-                a = Answer()
-                for t in row:
-                    if t in eos:
-                        break
-                    a.push(t, self.rules)
-                    if a.done:
-                        break
+            for i, (a, generated) in zip(batch, made):
                 answers[i] = finish_text(self._tok.decode(a.kept(), skip_special_tokens=True), self.rules)
                 latencies[i] = share
-                totals["new_tokens"] += len(row)
+                totals["new_tokens"] += generated
                 totals["answer_tokens"] += len(a.kept())
-            totals["prefill_tokens"] += sum(len(encoded[i]) for i in batch)
+            totals["prefill_tokens"] += sum(len(r) for r in rows)
         seconds = time.perf_counter() - t0
         self.last_latencies_ms = latencies
         self.stats = {**totals, "seconds": round(seconds, 3),
@@ -293,8 +287,32 @@ class OpenVINOGenerator(UsesCache, Generator):
             config.do_sample = False
         return config
 
-    def _generate_rows(self, rows: list[list[int]], eos: set[int]) -> list[list[int]]:
-        """New tokens of each prompt (a left-padded batch), up to and including an end token."""
+    def _answer(self, tokens: list[int], eos: set[int]) -> Answer:
+        """The decoding rules applied to generated tokens: what fp32's loop would have kept."""
+        a = Answer()
+        for t in tokens:
+            if t in eos:
+                break
+            a.push(t, self.rules)
+            if a.done:
+                break
+        return a
+
+    def _generate_one(self, row: list[int], eos: set[int]) -> tuple[Answer, int]:
+        """One prompt, stopped by the decoding rules as its tokens arrive (as fp32's loop stops),
+        so no token is generated that the answer would not keep."""
+        import openvino as ov
+        import openvino_genai as ov_genai
+
+        streamer = _RuleStreamer(self.rules, eos)
+        ids = np.asarray([row], dtype=np.int64)
+        self._pipe.generate(ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))),
+                            self._config(eos), streamer)
+        return streamer.answer, streamer.generated
+
+    def _generate_rows(self, rows: list[list[int]], eos: set[int]) -> list[tuple[Answer, int]]:
+        """A left-padded batch; the rules cut each answer after the batch is generated (a batch
+        runs until its longest answer ends)."""
         import openvino as ov
         import openvino_genai as ov_genai
 
@@ -305,4 +323,33 @@ class OpenVINOGenerator(UsesCache, Generator):
             ids[r, width - len(row):] = row
             mask[r, width - len(row):] = 1
         out = self._pipe.generate(ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(mask)), self._config(eos))
-        return [list(map(int, t)) for t in out.tokens]
+        return [(self._answer([int(t) for t in tokens], eos), len(tokens)) for tokens in out.tokens]
+
+
+class _RuleStreamer:
+    """An OpenVINO GenAI streamer that feeds each new token to the decoding rules and stops the
+    generation where fp32's loop would stop (end of turn, a repeat); made a StreamerBase subclass
+    on first use, so that this module imports without openvino-genai."""
+
+    def __new__(cls, rules: DecodingRules, eos: set[int]) -> Any:
+        import openvino_genai as ov_genai
+
+        class RuleStreamer(ov_genai.StreamerBase):  # type: ignore[misc]
+            def __init__(self) -> None:
+                super().__init__()
+                self.answer, self.generated = Answer(), 0
+
+            def write(self, token: Any) -> Any:
+                for t in token if isinstance(token, (list, tuple)) else [token]:
+                    self.generated += 1
+                    if int(t) in eos:
+                        return ov_genai.StreamingStatus.STOP
+                    self.answer.push(int(t), rules)
+                    if self.answer.done:
+                        return ov_genai.StreamingStatus.STOP
+                return ov_genai.StreamingStatus.RUNNING
+
+            def end(self) -> None:
+                pass
+
+        return RuleStreamer()
