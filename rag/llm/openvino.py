@@ -127,7 +127,7 @@ class OpenVINOGenerator(UsesCache, Generator):
         max_new_tokens: int = 64,
         temperature: float = 0.0,
         seed: int = 0,
-        batch_size: int = 16,
+        batch_size: int = 1,
         num_threads: int | str | None = "auto",
         prompt: dict[str, Any] | None = None,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
@@ -166,13 +166,17 @@ class OpenVINOGenerator(UsesCache, Generator):
 
     @property
     def id(self) -> dict[str, Any]:
-        # The answers' cache key: the engine and its weights change answers (near-tie flips), so
-        # they are in it; batch size and threads change only speed.
+        # The answers' cache key: the engine and its weights change answers (near-tie flips), and
+        # so does the batch size: OpenVINO's stateful pipeline does not give a left-padded prompt
+        # the answer it gives the same prompt alone (seen on SmolLM2: a different continuation
+        # from the first tokens), so answers made in batches of 16 are not those of batches of 1.
+        # Threads change only speed.
         return {
             "class": type(self).__name__,
             "model": self.model_name,
             "gguf_file": self.gguf_file,
             "weights": self.weights,
+            "batch_size": self.batch_size,
             **({"group_size": self.group_size} if self.weights == "int4" else {}),
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
