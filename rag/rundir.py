@@ -104,6 +104,14 @@ def claim(output_dir: str | Path, sweep_dir: str | Path | None = None, job: int 
     return marker
 
 
+def release(output_dir: str | Path) -> None:
+    """Gives up this process's claim on `output_dir` (a finished run of the Python API: a notebook
+    runs many in one process, which would otherwise hold a lock file open for each)."""
+    fh = _held.pop(Path(output_dir).resolve(), None)
+    if fh is not None:
+        fh.close()
+
+
 def owned(marker: dict[str, Any] | None) -> set[str]:
     """The files (relative paths) a run directory's marker proves ragrig wrote; with no marker,
     none but an empty log (Hydra may open one before the task, in an empty directory)."""

@@ -91,7 +91,10 @@ def run(overrides: Sequence[str] = (), output_dir: PathLike | None = None) -> Ru
         raise RagError("dry_run=true counts requests and returns no run; use `python run.py dry_run=true ...`")
     out = Path(output_dir) if output_dir is not None else _new_run_dir(settings.variant)
     rundir.claim(out)
-    run_pipeline(settings, out)
+    try:
+        run_pipeline(settings, out)
+    finally:
+        rundir.release(out)
     return load_run(out)
 
 

@@ -358,3 +358,17 @@ def test_a_sweep_summary_never_writes_over_a_file_it_did_not_write(tmp_path, cap
     assert (d / "summary.md").read_text() == "my own summary" and not (d / "summary.csv").exists()
     assert f"ragrig: the sweep's summary was not written: {d / 'summary.md'} was not written by a ragrig report" \
         in capsys.readouterr().err
+
+
+def test_a_released_directory_can_be_claimed_by_another_process(tmp_path):
+    import subprocess
+    import sys
+
+    from rag import rundir
+
+    rundir.claim(tmp_path / "run")
+    probe = [sys.executable, "-c", "import sys; from rag import rundir; from rag.types import RagError\n"
+             "try:\n    rundir.claim(sys.argv[1])\nexcept RagError:\n    sys.exit(3)", str(tmp_path / "run")]
+    assert subprocess.run(probe, cwd=PROJECT_ROOT).returncode == 3, "held while claimed"
+    rundir.release(tmp_path / "run")
+    assert subprocess.run(probe, cwd=PROJECT_ROOT).returncode == 0
