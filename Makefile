@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup infinity demo check-demo docs docs-serve test-docs seed test test-chroma test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean openvino test-openvino
+.PHONY: setup infinity demo check-demo docs docs-serve test-docs seed test test-chroma test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean openvino test-openvino lint
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -61,6 +61,11 @@ seed: setup
 	rm -rf outputs/seed-cache
 	RAGRIG_CACHE=outputs/seed-cache $(PYTHON) run.py -m sweep=demo paths.seed=null
 	$(PYTHON) -m rag.seed outputs/seed-cache --out data/seed
+
+# ruff (pyflakes and pycodestyle errors, pyproject.toml [tool.ruff.lint]) over the code and tests.
+lint: setup
+	$(PIP) install --quiet "ruff==0.17.5"
+	$(PYTHON) -m ruff check rag eval experiments benchmarks ragrig run.py tests
 
 test: setup
 	$(PYTHON) -m pytest -q

@@ -204,7 +204,9 @@ class Judge:
                 done = self.endpoint.chat(msgs, self.params(r), stop)
                 return {"reply": done.text, "usage": done.usage(), "latency_ms": round(done.latency_ms, 3)}
 
-            fatal = lambda e: not isinstance(e, EndpointError) or e.fatal
+            def fatal(e: BaseException) -> bool:
+                return not isinstance(e, EndpointError) or e.fatal
+
             with tqdm(total=len(todo), desc="judge", unit="request", mininterval=2.0, leave=False) as bar:
                 for j, result in map_concurrent(ask, todo, self.concurrency, is_fatal=fatal):
                     bar.update(1)

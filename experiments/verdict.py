@@ -343,7 +343,9 @@ def cost_words(frame: Any) -> str:
     ok = frame[(frame["status"] == "ok") & frame["cost_total"].notna()]
     if ok.empty or not (ok["cost_total"] > 0).any():
         return ""
-    cur = lambda r: f" {r['currency']}" if isinstance(r.get("currency"), str) else ""
+    def cur(r: Any) -> str:
+        return f" {r['currency']}" if isinstance(r.get("currency"), str) else ""
+
     runs = ", ".join(f"{r['label']} {float(r['cost_total']):.4f}{cur(r)}" for _, r in ok.iterrows())
     return f"Served models cost (requests this run sent, at the config's pricing): {runs}."
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from eval.scoring import add_judge_scores, score
 from rag import latency, plan
-from rag.artifacts import Answers, answers_key
+from rag.artifacts import Answers
 from rag.corpus.slicing import Kept, answer_subset
 from rag.llm.answer_cache import usage_totals
 from rag.output import trec_files, write_report, write_results

@@ -76,7 +76,7 @@ def test_truncated_payload_is_detected_and_rebuilt(tmp_path):
 
 
 def test_parallel_builders_build_once(tmp_path):
-    cache, calls = ArtifactCache(tmp_path), []
+    calls = []
     barrier = threading.Barrier(4)
 
     def slow_build(tmp):

@@ -10,7 +10,6 @@ import re
 import pytest
 
 from rag.cache import ArtifactCache
-from rag.llm import OpenAIGenerator
 from rag.pipeline import run
 from rag.reranker.listwise import ListwiseReranker, read_order
 from rag.types import Chunk, Hits, RagError

@@ -7,14 +7,13 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rag.cache import file_sha256
 from rag.config import PROJECT_ROOT
-from rag.reranker.training.shipped import LAYERS, MANIFEST, SHIPPED_DIR, WEIGHTS, restore, shipped_manifest
+from rag.reranker.training.shipped import LAYERS, SHIPPED_DIR, WEIGHTS, restore, shipped_manifest
 
 MANIFEST_DATA = shipped_manifest()
 
