@@ -109,7 +109,7 @@ def engines(tmp_path_factory):
     # so that the export itself is tested.
     models = ArtifactCache(MODEL_CACHE)
     ov_cache = ArtifactCache(tmp_path_factory.mktemp("ov-cache"))
-    ov = OpenVINOGenerator(num_threads=2)
+    ov = OpenVINOGenerator(num_threads=2, repeat_stop_ngram=6)  # llm=smollm2's decoding, as fp32 below
     ov.use_cache(ov_cache)
     from rag.llm import loading
 
@@ -129,7 +129,7 @@ def test_the_ir_is_exported_once_and_loaded_from_the_cache(engines, caplog):
     with caplog.at_level(logging.INFO, logger="rag.llm.openvino"):
         ov.warm_up()
         first = ov.ir_path
-        again = OpenVINOGenerator(num_threads=2)
+        again = OpenVINOGenerator(num_threads=2, repeat_stop_ngram=6)
         again.use_cache(cache)
         again.model_name, again.gguf_file = ov.model_name, None
         assert again.ir_folder() == first
@@ -148,6 +148,7 @@ def test_one_prompt_at_a_time_stops_where_the_rules_stop_it(engines):
     answers = _ask(ov, CONTEXTS)
     assert all(answers) and ov.batch_size == 1
     # beyond what an answer keeps, only its end token or the repeat that ended it was generated
+    assert ov.rules.repeat_stop_ngram == 6
     assert ov.stats["new_tokens"] <= ov.stats["answer_tokens"] + len(CONTEXTS) * ov.rules.repeat_stop_ngram
 
 
@@ -155,7 +156,7 @@ def test_one_prompt_at_a_time_stops_where_the_rules_stop_it(engines):
 def test_a_batch_gives_each_question_its_own_answer(engines):
     """Prompts of one length need no padding: a batch of them answers each as it is answered alone."""
     ov, _, cache = engines
-    batched = OpenVINOGenerator(num_threads=2, batch_size=4)
+    batched = OpenVINOGenerator(num_threads=2, batch_size=4, repeat_stop_ngram=6)
     batched.use_cache(cache)
     batched.model_name, batched.gguf_file = ov.model_name, None
     pairs = [CONTEXTS[0], CONTEXTS[1], CONTEXTS[0], CONTEXTS[1]]
@@ -173,19 +174,22 @@ def test_answers_equal_fp32_ones_except_at_near_ties(engines):
     ov_answers, fp_answers = _ask(ov, CONTEXTS), _ask(fp32, CONTEXTS)
     tok, lm = fp32.load()
     prompts = fp32.prompts([q for q, _ in CONTEXTS], [[Context(text=c, label=None)] for _, c in CONTEXTS])
-    flips = []
+    flips, stops = [], 0
     for prompt, a, b in zip(prompts, ov_answers, fp_answers):
         if a == b:
             continue
         ta, tb = tok(a, add_special_tokens=False)["input_ids"], tok(b, add_special_tokens=False)["input_ids"]
         i = next(j for j in range(min(len(ta), len(tb)) + 1) if j == min(len(ta), len(tb)) or ta[j] != tb[j])
         if i == min(len(ta), len(tb)):
-            flips.append(0.0)  # one answer is a prefix of the other: a stop decided on a near-equal step
+            # one answer is a prefix of the other: one stopped (end of turn, or a repeat the guard
+            # cut) where the other went on; no single token pair to price, so counted apart
+            stops += 1
             continue
         ids = tok(prompt, add_special_tokens=False)["input_ids"] + tb[:i]
         with torch.inference_mode():
             logits = lm(torch.tensor([ids])).logits[0, -1]
         flips.append(float(logits[tb[i]] - logits[ta[i]]))
-    print(f"identical answers: {len(CONTEXTS) - len(flips)} of {len(CONTEXTS)}; fp32 margins at flips: {flips}")
+    print(f"identical answers: {len(CONTEXTS) - len(flips) - stops} of {len(CONTEXTS)}; fp32 margins at flips: "
+          f"{flips}; answers that stopped earlier or later: {stops}")
     assert all(margin < NEAR_TIE for margin in flips), flips
-    assert len(flips) <= len(CONTEXTS) // 2
+    assert len(flips) + stops <= len(CONTEXTS) // 2
