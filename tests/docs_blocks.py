@@ -25,7 +25,8 @@ VERDICT_MARK = "<!-- demo-verdict -->"
 VERDICT_RULE = re.compile(r"^=+ verdict =+$")
 # "+512.7 ms", "-6.0 ms", "+1.62 s": latencies differ with every machine and its load (and so does
 # their unit); quality figures do not.
-LATENCY = re.compile(r"[+-]?\d+(?:\.\d+)? m?s\b")
+# the verdict joins a figure and its unit with a no-break space, so that a line never breaks between them
+LATENCY = re.compile(r"[+-]?\d+(?:\.\d+)?[ \u00a0]m?s\b")
 ELLIDED = {"…", "...", "[…]", "[...]"}
 
 

@@ -121,6 +121,8 @@ def test_a_latency_difference_that_is_significant_in_one_run_only_is_no_mismatch
     without_v2 = [head + ", but loses on retrieval latency ↓ by +1.80 s [+1.50 s, +1.90 s]. Each is significant. "
                   "Nothing else differs; differences from about: MAP@5 0.097; retrieval latency ↓ 5.2 ms."]
     assert verdict_mismatch(with_v2, without_v2) is None
+    assert verdict_mismatch(with_v2, [line.replace(" ms", "\u00a0ms").replace(" s ", "\u00a0s ")
+                                      for line in without_v2]) is None, "a no-break space before the unit"
     quality_flip = [without_v2[0].replace("+0.095", "+0.090")]
     assert verdict_mismatch(with_v2, quality_flip) is not None
 
