@@ -115,3 +115,12 @@ def test_loop_gives_generates_answers(tmp_path):
     assert loop.generate(qs, cs) == before
     assert generator(runtime="loop", batch_size=3).generate(qs, cs) == before
     assert loop.stats["decode_row_steps"] <= loop.stats["new_tokens"]  # finished rows left their batch
+
+
+def test_a_runtime_that_cannot_stop_a_row_keeps_what_the_rules_keep():
+    from rag.llm.decoding import rules_cut
+
+    rules = DecodingRules(64, (), 3, 0)
+    assert rules_cut([5, 6, 7, 9, 2, 8], rules, {2}).kept() == [5, 6, 7, 9], "up to the first stop token"
+    repeated = rules_cut([1, 2, 3, 4, 1, 2, 3, 9, 9], rules, set())
+    assert repeated.done and repeated.kept() == [1, 2, 3, 4], "ended where the repeat began"

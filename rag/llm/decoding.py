@@ -19,6 +19,7 @@ they change no greedy decision. The n-gram ban does change decisions, and is off
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,19 @@ class Answer:
 
     def kept(self) -> list[int]:
         return self.tokens if self.cut is None else self.tokens[: self.cut]
+
+
+def rules_cut(tokens: Iterable[int], rules: DecodingRules, stop_ids: set[int]) -> Answer:
+    """What the rules keep of tokens generated without them (a runtime that cannot stop a row as it
+    goes): everything before the first stop token, ended where a repeat rule ends the answer."""
+    a = Answer()
+    for t in tokens:
+        if t in stop_ids:
+            break
+        a.push(t, rules)
+        if a.done:
+            break
+    return a
 
 
 def finish_text(text: str, rules: DecodingRules) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from rag.llm.base import Generator
-from rag.llm.decoding import DecodingRules, finish_text, greedy_batch
+from rag.llm.decoding import DecodingRules, finish_text, greedy_batch, rules_cut
 from rag.llm.loading import CausalLM, probe_threads  # noqa: F401  (probe_threads: its old home)
 from rag.llm.prompt import PromptBuilder
 from rag.types import Context, RagError
@@ -199,8 +199,6 @@ class HFGenerator(CausalLM, Generator):
         longest answer ends; stop rules cut the output afterwards."""
         import torch
 
-        from rag.llm.decoding import Answer
-
         sampling = self.temperature > 0
         gen_kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "do_sample": sampling,
                                       "pad_token_id": tok.pad_token_id}
@@ -214,16 +212,10 @@ class HFGenerator(CausalLM, Generator):
         with torch.inference_mode():
             out = lm.generate(**inputs, **gen_kwargs)
         new = out[:, inputs["input_ids"].shape[1]:]
-        eos = self._eos(tok, lm)
+        stop_ids = self._eos(tok, lm) | {tok.pad_token_id}
         texts, n_new, n_kept = [], 0, 0
         for row in new.tolist():
-            a = Answer()
-            for t in row:
-                if t in eos or t == tok.pad_token_id:
-                    break
-                a.push(t, self.rules)
-                if a.done:
-                    break
+            a = rules_cut(row, self.rules, stop_ids)
             n_new += len([t for t in row if t != tok.pad_token_id])
             n_kept += len(a.kept())
             texts.append(finish_text(tok.decode(a.kept(), skip_special_tokens=True), self.rules))

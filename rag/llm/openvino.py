@@ -33,7 +33,7 @@ import numpy as np
 from rag.cache import ArtifactCache, make_key
 from rag.config import PROJECT_ROOT
 from rag.llm.base import Generator
-from rag.llm.decoding import Answer, DecodingRules, finish_text
+from rag.llm.decoding import Answer, DecodingRules, finish_text, rules_cut
 from rag.llm.hf import DEFAULT_SYSTEM_PROMPT, length_batches, render_chat
 from rag.llm.loading import probe_threads, servable_folder
 from rag.llm.prompt import PromptBuilder
@@ -291,17 +291,6 @@ class OpenVINOGenerator(UsesCache, Generator):
             config.do_sample = False
         return config
 
-    def _answer(self, tokens: list[int], eos: set[int]) -> Answer:
-        """The decoding rules applied to generated tokens: what fp32's loop would have kept."""
-        a = Answer()
-        for t in tokens:
-            if t in eos:
-                break
-            a.push(t, self.rules)
-            if a.done:
-                break
-        return a
-
     def _generate_one(self, row: list[int], eos: set[int]) -> tuple[Answer, int]:
         """One prompt, stopped by the decoding rules as its tokens arrive (as fp32's loop stops),
         so no token is generated that the answer would not keep."""
@@ -327,7 +316,7 @@ class OpenVINOGenerator(UsesCache, Generator):
             ids[r, width - len(row):] = row
             mask[r, width - len(row):] = 1
         out = self._pipe.generate(ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(mask)), self._config(eos))
-        return [(self._answer([int(t) for t in tokens], eos), len(tokens)) for tokens in out.tokens]
+        return [(rules_cut([int(t) for t in tokens], self.rules, eos), len(tokens)) for tokens in out.tokens]
 
 
 class _RuleStreamer:
