@@ -200,18 +200,17 @@ def compare(runs: Sequence[PathLike | Run], baseline: str | None = None, out_dir
     """Compares finished runs (run directories, sweep directories or parents of runs, or Run
     objects) as `python -m experiments.compare` does, writing its files into `out_dir` (default: a
     new directory under outputs/compare/; an existing one must be empty)."""
-    from experiments.aggregate import load_records
-    from experiments.compare import default_out
+    from experiments.compare import default_out, runs_in
     from experiments.report import ReportSettings
     from experiments.report_files import build_report
 
     paths = [r.path if isinstance(r, Run) else Path(r) for r in runs]
+    if not paths:
+        raise RagError("compare: give at least one run")
     try:
-        records = load_records(paths)
+        records = runs_in(paths)  # as the command line: a path with no run is named, never dropped
     except FileNotFoundError as e:
         raise RagError(str(e)) from None
-    if not records:
-        raise RagError("no runs (metrics.json or failure.json) under " + ", ".join(map(str, paths)))
     if out_dir is None:
         out = default_out()
     else:

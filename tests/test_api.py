@@ -94,8 +94,10 @@ def test_compare_never_writes_into_a_folder_that_holds_other_files(tiny_files):
     with pytest.raises(ragrig.RagError, match="not an empty directory"):
         ragrig.compare([v1], out_dir=mine)
     assert [p.name for p in mine.iterdir()] == ["figure1_final.png"]
-    with pytest.raises(ragrig.RagError, match="no runs"):
+    with pytest.raises(ragrig.RagError, match="figures: no run in or below it"):
         ragrig.compare([tiny_files["out"] / "figures"])
+    with pytest.raises(ragrig.RagError, match="figures: no run in or below it"):
+        ragrig.compare([v1, tiny_files["out"] / "figures"])  # beside a real run, not dropped
 
 
 def test_a_session_on_your_own_corpus_needs_no_question_set(tiny_files):
