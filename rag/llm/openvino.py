@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from rag.cache import ArtifactCache, make_key
+from rag.cache import ArtifactCache, file_sha256, make_key
 from rag.config import PROJECT_ROOT
 from rag.llm.base import Generator
 from rag.llm.decoding import Answer, DecodingRules, finish_text, rules_cut
@@ -51,14 +51,11 @@ EXPORT_TIMEOUT_S = 1800
 
 @functools.lru_cache(maxsize=8)
 def _folder_digest(folder: str, stamp: tuple[tuple[str, int, int], ...]) -> str:
-    """sha256 over a model folder's files (names and bytes); `stamp` (name, size, mtime) makes a
+    """sha256 over a model folder's files (names and each file's sha256); `stamp` (name, size, mtime) makes a
     changed file a new entry of this process-wide memo."""
     h = hashlib.sha256()
     for name, _, _ in stamp:
-        h.update(name.encode() + b"\0")
-        with open(Path(folder) / name, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
+        h.update(f"{name}\0{file_sha256(Path(folder) / name)}\n".encode())
     return h.hexdigest()
 
 
