@@ -189,7 +189,7 @@ CASES = [
     Case("router with BM25 alone", overrides("retriever=bm25", "retriever.source_filter.mode=router"), "mode=router routes in the dense embedder's space"),
     Case("unknown router method", overrides("+version=v2", "retriever.source_filter.router.method=knn"), "router.method must be one of ['centroid', 'logistic'], got 'knn'"),
     Case("document over the size limit", overrides("max_doc_chars=100"), "characters, over max_doc_chars (100)"),
-    # ---- issue 14: the defects found by probing, one case each ------------------------------
+    # ---- the defects a probe of the inputs found, one case each ------------------------------
     Case("question tag in no filter group (#2)", lambda f, t: [f"qa.path={_qa_tag('other')(t)}", QUESTION],
          "corpus tag 'other' (question 'q1') is in no group of retriever.source_filter.groups [['pubmed'], ['libc', 'pytorch']]"),
     Case("document tag differs in case (#2)", lambda f, t: [f"corpus.path={_libc_upper(t)}", QUESTION],
@@ -204,7 +204,7 @@ CASES = [
          "chunker.chunk_size (300 tokens) is longer than the embedder keeps: it truncates at 256 tokens", early=True),
     Case("JSON array instead of JSON lines", corpus_file(_json_array), "c.json: this is one JSON array, not JSON lines"),
     Case("zero bootstrap resamples", overrides("eval.bootstrap.resamples=0"), "eval.bootstrap.resamples must be positive, got 0", early=True),
-    # ---- issue 14: cases found by probing the entry points --------------------------------
+    # ---- cases found by probing the entry points --------------------------------
     Case("required path left unset", overrides("corpus.path=???"), "corpus.path is required and has no default", early=True),
     Case("alpha a word", overrides("fusion=weighted", "fusion.alpha=high"), "fusion.alpha must be a number, got 'high'", early=True),
     Case("candidates a word", overrides("retriever=hybrid", "retriever.candidates=lots"), "retriever.candidates must be an integer, got 'lots'", early=True),
@@ -240,7 +240,7 @@ CASES = [
     Case("lone surrogate in a question", qa_file(lambda t: write_lines(t / "q.jsonl", [json.dumps(r) for r in qa_rows()[:-1]] + [
         '{"id": "q9", "question": "why \\udfff?", "answer": "a", "corpus": "libc"}'])),
          "q.jsonl:6: field 'question' contains a lone surrogate \\udfff"),
-    # ---- issue 25 #1: every text-valued field by one rule, one message shape ---------------
+    # ---- every text-valued field by one rule, one message shape ---------------
     Case("question a number (#25)", qa_file(_qa_field(question=42)), "q.jsonl:1: field 'question' must be a string, got a number (42)"),
     Case("answer an object (#25)", qa_file(_qa_field(answer={"text": "x"})), "q.jsonl:1: field 'answer' must be a string, got an object ({\"text\": \"x\"})"),
     Case("corpus tag a list (#25)", qa_file(_qa_field(corpus=["libc"])), "q.jsonl:1: field 'corpus' must be a string, got an array ([\"libc\"])"),
@@ -252,7 +252,7 @@ CASES = [
     Case("document source a number (#25)", corpus_file(lambda t: write_jsonl(t / "c.jsonl", [{**docs_rows()[0], "source": 7}] + docs_rows()[1:])),
          "c.jsonl:1: field 'source' must be a string, got a number (7)"),
     Case("document id null (#25)", corpus_file(lambda t: _with_doc(t, id=None, text="no id")), "c.jsonl:10: missing or empty field 'id'"),
-    # ---- issue 25: input shapes --------------------------------------------------------------
+    # ---- input shapes --------------------------------------------------------------
     Case("corpus path a directory (#25)", corpus_file(_a_directory("corpus-dir")), "corpus-dir: is a directory, expected a file"),
     Case("question path a directory (#25)", qa_file(_a_directory("qa-dir")), "qa-dir: is a directory, expected a file"),
     Case("a setting the component does not take (#25)", overrides("+chunker.chunk_sise=64"),
@@ -278,8 +278,8 @@ def test_bad_input_is_one_clear_line_and_leaves_no_results(case, tiny_files, com
 
 
 def test_the_table_keeps_its_cases():
-    # 33 before issue 14, 11 for its defects and at least 15 found by probing since, 12 for issue
-    # 25 (plus the command-line cases in tests/test_cli_errors.py and the faults in
+    # 33 from the first round, 11 for the defects a probe found and at least 15 found by probing
+    # since, 12 for the text-field rule and input shapes (plus the command-line cases in tests/test_cli_errors.py and the faults in
     # tests/test_endpoint_faults.py and tests/test_storage_faults.py)
     assert len(CASES) >= 33 + 11 + 15 + 12
 
@@ -315,7 +315,7 @@ def test_four_bit_llm_without_cuda_fails_at_start_up(tiny_files, compose_cfg, tm
     assert not (tiny_files["cache"] / "vectors").exists(), "it failed before any expensive stage"
 
 
-# ---- issue 25: shapes and sizes that are valid input must simply work ----------------------------
+# ---- shapes and sizes that are valid input must simply work ----------------------------
 
 def _metrics(out: Path) -> dict:
     return {m: v["mean"] for m, v in json.loads((out / "metrics.json").read_text())["metrics"].items()}

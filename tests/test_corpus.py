@@ -658,7 +658,7 @@ def test_pytorch_docstrings_carry_no_memory_address():
         assert " at 0x" not in _doc(dist.ProcessGroup.allreduce)
 
 
-# ---- issue 25: one rule for every text-valued field of every format ----------------------------
+# ---- one rule for every text-valued field of every format ----------------------------
 
 def _beir(tmp: Path, corpus: list[dict], queries: list[dict] | None = None) -> Path:
     (tmp / "qrels").mkdir(parents=True, exist_ok=True)
