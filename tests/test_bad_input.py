@@ -279,8 +279,9 @@ def test_bad_input_is_one_clear_line_and_leaves_no_results(case, tiny_files, com
 
 def test_the_table_keeps_its_cases():
     # 33 from the first round, 11 for the defects a probe found and at least 15 found by probing
-    # since, 12 for the text-field rule and input shapes (plus the command-line cases in tests/test_cli_errors.py and the faults in
-    # tests/test_endpoint_faults.py and tests/test_storage_faults.py)
+    # since, 12 for the text-field rule and input shapes (plus the command-line cases in
+    # tests/test_cli_errors.py and the faults in tests/test_endpoint_faults.py and
+    # tests/test_storage_faults.py)
     assert len(CASES) >= 33 + 11 + 15 + 12
 
 
