@@ -62,10 +62,12 @@ seed: setup
 	RAGRIG_CACHE=outputs/seed-cache $(PYTHON) run.py -m sweep=demo paths.seed=null
 	$(PYTHON) -m rag.seed outputs/seed-cache --out data/seed
 
-# ruff (pyflakes and pycodestyle errors, pyproject.toml [tool.ruff.lint]) over the code and tests.
+# ruff (pyflakes and pycodestyle errors, pyproject.toml [tool.ruff.lint]) over the code and tests,
+# then mypy over the code (pyproject.toml [tool.mypy]: which packages, how strict); both at zero.
 lint: setup
-	$(PIP) install --quiet "ruff==0.17.5"
+	$(PIP) install --quiet "ruff==0.17.5" "mypy==2.4.1"
 	$(PYTHON) -m ruff check rag eval experiments benchmarks ragrig run.py tests
+	$(PYTHON) -m mypy
 
 test: setup
 	$(PYTHON) -m pytest -q

@@ -41,8 +41,10 @@ def _track(cfg: DictConfig, output_dir: str, result: dict | None = None, failure
     try:
         from hydra.utils import instantiate
 
+        from experiments.tracking import Tracker
+
         tracker = instantiate(cfg.tracking)
-        if not getattr(tracker, "enabled", False):
+        if not (isinstance(tracker, Tracker) and tracker.enabled):
             return
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
@@ -157,7 +159,9 @@ def _secret_line(cfg: DictConfig, overrides: list[str]) -> str | None:
 
     from rag.secrets import config_problem
 
-    return config_problem({**OmegaConf.to_container(cfg, resolve=False), "hydra": {"overrides": {"task": overrides}}})
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(plain, dict), "a DictConfig becomes a dict"
+    return config_problem({**plain, "hydra": {"overrides": {"task": overrides}}})
 
 
 def _hydra_record(cfg: DictConfig) -> dict[str, str]:
@@ -230,7 +234,9 @@ def cli() -> int:
         hydra_error = isinstance(e, (ConfigCompositionException, OverrideParseException))
         # Before the task, Hydra makes the run directory and opens run.log in it; a read-only or
         # full disk surfaces as an OSError, or as logging's ValueError caused by one.
-        storage = None if is_config_error(e) else (e if isinstance(e, OSError) else storage_fault(e))
+        storage = None
+        if not is_config_error(e):
+            storage = e if isinstance(e, OSError) else storage_fault(e)
         before_task = not _task_started and (is_config_error(e) or storage is not None)
         if user_full_error or not (hydra_error or before_task):
             raise

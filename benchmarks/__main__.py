@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks import OPT_IN, REGISTRY, SWEEPS, describe
 from benchmarks.common import environment, loadavg
-from rag.cache import atomic_write_text
+from rag.atomic import atomic_write_text
 from rag.config import PROJECT_ROOT
 
 log = logging.getLogger("ragrig.benchmarks")
@@ -136,10 +136,11 @@ def _run(args: argparse.Namespace, names: list[str], done: list[str]) -> int:
         for r in res.get("table", []):
             print(f"  {r['measure']:<70} {r['value']!s:>12} {r.get('unit', '')}  {r.get('note', '')}", flush=True)
         print(f"  ({res.get('wall_s', '?')} s)", flush=True)
-    summary = {"mode": "full" if args.full else "quick", "total_wall_s": round(time.perf_counter() - t0, 1),
+    mode = "full" if args.full else "quick"
+    summary = {"mode": mode, "total_wall_s": round(time.perf_counter() - t0, 1),
                "loadavg_end": loadavg(), "environment": env, "results": results}
     atomic_write_text(args.out / "results.json", json.dumps(summary, indent=2, default=str))
-    atomic_write_text(args.out / "bench.md", markdown(results, env, summary["mode"]) +
+    atomic_write_text(args.out / "bench.md", markdown(results, env, mode) +
                       f"\nTotal wall time: {summary['total_wall_s']} s\n")
     print(f"total {summary['total_wall_s']} s; wrote {args.out / 'bench.md'}")
     return 1 if any("error" in r and "table" not in r for r in results.values()) else 0

@@ -1,4 +1,4 @@
-"""Lexical retrieval: the harness's BM25Index (rag/bm25.py) with its two backends, bm25s and
+"""Lexical retrieval: the harness's BM25Index (rag/retriever/bm25.py) with its two backends, bm25s and
 rank-bm25, on a synthetic Zipf corpus at 10k, 100k and 1M chunks.
 
 Corpus: a 50k pseudo-word vocabulary, token frequencies Zipf(s=1.1), ~60 tokens a chunk
@@ -50,7 +50,8 @@ REFERENCE_1M_MS = {"rank_bm25": 1474.0, "bm25s": 1.1}  # measured earlier on thi
 def bm25_case(backend: str, corpus_file: str, n_queries: int = N_QUERIES, k: int = K, query_budget_s: float = 90.0,
               tokenize_sample: int = 100_000) -> dict[str, Any]:
     """One (backend, corpus) case; meant to run in its own process (see run_case)."""
-    from rag.bm25 import BM25Index, tokenize
+    from rag.retriever.bm25 import BM25Index
+    from rag.retriever.tokens import tokenize
 
     texts = read_lines(corpus_file)
     queries = zipf_queries(n_queries, VOCAB, ZIPF_S)
@@ -79,7 +80,7 @@ def bm25_case(backend: str, corpus_file: str, n_queries: int = N_QUERIES, k: int
     }
     if backend == "bm25s":
         # The same queries through bm25s.retrieve, i.e. with bm25s's own top-k selection, which
-        # BM25Index replaced with rag.bm25.top_k (argpartition over every chunk is pathological on
+        # BM25Index replaced with rag.retriever.bm25.top_k (argpartition over every chunk is pathological on
         # mostly-zero scores): the ratio is what that change is worth.
         def bm25s_retrieve(q: str) -> None:
             toks = [[t for t in index._tok([q])[0] if t in index.model.vocab_dict]]
@@ -108,7 +109,7 @@ def _load_cases(index: Any, queries: list[str], k: int, query_budget_s: float) -
     import shutil
     import tempfile
 
-    from rag.bm25 import BM25Index
+    from rag.retriever.bm25 import BM25Index
 
     folder = Path(tempfile.mkdtemp(prefix="bm25-load-"))
     out: dict[str, Any] = {}
@@ -124,9 +125,13 @@ def _load_cases(index: Any, queries: list[str], k: int, query_budget_s: float) -
             out[f"{name}_load_s"] = round(time.perf_counter() - t0, 3)
             out[f"{name}_anon_delta_mb"] = mb(proc_mem().get("RssAnon", 0) - before)
             idx.search([queries[0]], k)
-            lat = per_call_ms(lambda q, i=idx: i.search([q], k), queries, budget_s=query_budget_s / 3, min_calls=10)
+
+            def one_query(q: str, index: BM25Index = idx) -> object:
+                return index.search([q], k)
+
+            lat = per_call_ms(one_query, queries, budget_s=query_budget_s / 3, min_calls=10)
             out[f"{name}_query_ms_median"] = median(lat)
-            del idx
+            del idx, one_query  # both hold the index: the next load's memory is measured without it
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return out
@@ -160,8 +165,8 @@ def bench_bm25(quick: bool = True, full: bool = False, sizes: tuple[int, ...] | 
                                         "reason": f"estimated {estimate_next:.0f} s (> {RANK_BM25_LIMIT_S:.0f} s) "
                                                   f"from {prev['n_docs']:,} chunks, scaled linearly"})
                         continue
-                kwargs = {"backend": backend, "corpus_file": str(corpus), "n_queries": n_queries,
-                          "query_budget_s": 30.0 if backend == "rank_bm25" else 90.0}
+                kwargs: dict[str, Any] = {"backend": backend, "corpus_file": str(corpus), "n_queries": n_queries,
+                                          "query_budget_s": 30.0 if backend == "rank_bm25" else 90.0}
                 if isolate:
                     res = run_case("benchmarks.bm25", "bm25_case", kwargs)
                 else:
@@ -195,9 +200,9 @@ def compare_cases(cases: list[dict[str, Any]], skipped: list[dict[str, Any]],
         if s is None:
             continue
         comp = {"n_docs": n, "bm25s": s, "rank_bm25": r,
-                "build_ratio": ratio(r and r["build_s"], s["build_s"]),
-                "peak_memory_ratio": ratio(r and r["peak_build_delta_mb"], s["peak_build_delta_mb"]),
-                "query_speedup": ratio(r and r["query_ms_median"], s["query_ms_median"])}
+                "build_ratio": ratio(r["build_s"] if r else None, s["build_s"]),
+                "peak_memory_ratio": ratio(r["peak_build_delta_mb"] if r else None, s["peak_build_delta_mb"]),
+                "query_speedup": ratio(r["query_ms_median"] if r else None, s["query_ms_median"])}
         comparisons.append(comp)
         table.append(row(f"{n:,} chunks: bm25s build", s["build_s"], "s",
                          f"tokenizer ~{s.get('tokenize_share_of_build', 0):.0%} of it"))

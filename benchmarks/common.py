@@ -76,6 +76,13 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def run_mode(tiny: bool, full: bool) -> str:
+    """"tiny" (a test's run: it wins over full), "full" or "quick": what a family sizes its run by."""
+    if tiny:
+        return "tiny"
+    return "full" if full else "quick"
+
+
 def start() -> dict[str, Any]:
     """What finish() needs: start time, CPU time and load average."""
     return {"t0": time.perf_counter(), "cpu0": cpu_seconds(), "load": loadavg()}
@@ -233,7 +240,7 @@ def zipf_vocabulary(size: int, seed: int = 0) -> tuple[str, ...]:
     """`size` distinct pronounceable pseudo-words (consonant-vowel syllables ending in a
     consonant, 2-4 syllables), none an English stopword; Snowball stemming leaves almost all of
     them whole."""
-    from rag.bm25 import _stopwords
+    from rag.retriever.tokens import _stopwords
 
     rng = np.random.default_rng(seed)
     stop = _stopwords()
@@ -346,14 +353,16 @@ def pubmedqa_questions(n: int) -> list[str]:
 def pubmedqa_chunks(n: int) -> list[str]:
     """The first n chunks of the PubMedQA abstracts, cut by the harness's default chunker
     (conf/chunker/sliding_window.yaml: 512 characters, 64 overlap)."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     from rag.corpus import PubMedQACorpus
     from rag.session import create
     from rag.settings import chunker_node
 
     docs = PubMedQACorpus(pubmedqa_path()).load()
-    chunker = create(chunker_node(OmegaConf.load(PROJECT_ROOT / "conf" / "chunker" / "sliding_window.yaml")))
+    node = OmegaConf.load(PROJECT_ROOT / "conf" / "chunker" / "sliding_window.yaml")
+    assert isinstance(node, DictConfig), "a chunker config is a mapping"
+    chunker = create(chunker_node(node))
     out: list[str] = []
     for d in docs:
         out.extend(c.text for c in chunker.split(d))

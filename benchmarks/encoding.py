@@ -1,7 +1,7 @@
 """Encoding: the harness's embedding stage against a bare SentenceTransformer.encode, and the
 cost of a full cache hit.
 
-- throughput: `rag.artifacts.encode_to_npy` with the configured `SentenceTransformerEmbedder`
+- throughput: `rag.embedder.npy_writer.encode_to_npy` with the configured `SentenceTransformerEmbedder`
   (conf/embedder/minilm.yaml: dedupe, blocks of 8192, a float32 .npy written block by block)
   vs `SentenceTransformer.encode` on the same texts with the same batch size and normalization,
   same loaded model; runs alternate A B B A so drift of a shared machine cancels. The ratio is
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import finish, pubmedqa_chunks, ratio, row, scratch_dir, start
+from benchmarks.common import finish, pubmedqa_chunks, ratio, row, run_mode, scratch_dir, start
 
 
 def make_embedder(name: str = "minilm_torch", **overrides: Any) -> Any:
@@ -59,7 +59,7 @@ def texts_note(result: dict[str, Any]) -> str:
 
 
 def chunk_set_of(texts: list[str]) -> Any:
-    from rag.artifacts import ChunkSet
+    from rag.chunk_set import ChunkSet
     from rag.cache import make_key
     from rag.types import Chunk
 
@@ -116,6 +116,7 @@ def cache_hits(cache: Any, chunk_set: Any, repeats: int = 5) -> tuple[list[float
         float(vecs[-1, -1])  # touch the memory map
         hits_ms.append(1000 * (time.perf_counter() - t0))
     info = load_sentence_transformer.cache_info()
+    assert arts is not None, "cache_hits needs at least one repeat"
     model_loaded = ("model" in fresh.__dict__) or info.misses > 0 or info.currsize > 0
     return hits_ms, model_loaded, bool(arts.record["vectors"]["hit"]), info
 
@@ -151,7 +152,9 @@ def harness_vs_bare(embedder: Any, texts: list[str], blocks: int,
     parts = [texts[i : i + size] for i in range(0, len(texts), size)]
     times = {"harness": 0.0, "bare": 0.0}
     cpu = {"harness": 0.0, "bare": 0.0}  # this process's CPU time: less sensitive to other processes
-    harness_vecs, bare_vecs, caches = [], [], []
+    harness_vecs: list[np.ndarray] = []
+    bare_vecs: list[np.ndarray] = []
+    caches: list[tuple[ArtifactCache, Any]] = []
     for b, part in enumerate(parts):
         chunk_set = chunk_set_of(part)
         for side in (("harness", "bare") if b % 2 == 0 else ("bare", "harness")):
@@ -177,7 +180,7 @@ def bench_encoding(quick: bool = True, full: bool = False, n_texts: int | None =
     SentenceTransformer.encode on 1000 PubMedQA chunks (2000 with full), and the cost of a full
     cache hit (no model load)."""
     clock = start()
-    n_texts = n_texts or (16 if tiny else 2000 if full else 1000)
+    n_texts = n_texts or {"tiny": 16, "quick": 1000, "full": 2000}[run_mode(tiny, full)]
     blocks = blocks or (2 if tiny else 10)
     texts = pubmedqa_chunks(n_texts)
     embedder, load_s = loaded_embedder(texts)

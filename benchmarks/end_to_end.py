@@ -24,6 +24,7 @@ from benchmarks.common import (
     main_cache,
     ratio,
     row,
+    run_mode,
     run_pipeline_inprocess,
     run_pipeline_subprocess,
     scratch_dir,
@@ -55,7 +56,7 @@ def bench_end_to_end(quick: bool = True, full: bool = False, versions: tuple[str
                      in_process: bool | None = None, cache_per_version: bool | None = None) -> dict[str, Any]:
     """Per-stage wall time of v1, v2 (quick) or v1..v4 (full) on the default slice, cold and warm cache."""
     clock = start()
-    versions = tuple(versions or (("v1",) if tiny else ("v1", "v2", "v3", "v4") if full else ("v1", "v2")))
+    versions = tuple(versions or {"tiny": ("v1",), "quick": ("v1", "v2"), "full": ("v1", "v2", "v3", "v4")}[run_mode(tiny, full)])
     overrides = list(overrides or [])
     share = None if tiny else main_cache()
     in_process = tiny if in_process is None else in_process

@@ -1,5 +1,5 @@
-"""Dense retrieval: the harness's FAISS indexes (rag/index.py, settings from conf/index/*.yaml),
-and Chroma (rag/chroma.py) when its extra is installed, on structured synthetic 384-d vectors.
+"""Dense retrieval: the harness's FAISS indexes (rag/index/faiss_index.py, settings from conf/index/*.yaml),
+and Chroma (rag/index/chroma.py) when its extra is installed, on structured synthetic 384-d vectors.
 
 Per index type and size: build time, one-query latency (median), batched throughput (QPS),
 recall@10 against exact search (IndexFlatL2 on the same vectors), and, for the flat scans, the
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,7 @@ def bandwidth_floor(x: np.ndarray, repeats: int = 9) -> dict[str, float]:
     return out
 
 
-def _t(fn: Any) -> float:
+def _t(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0

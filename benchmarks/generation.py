@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import environment, finish, ratio, row, start
-from rag.cache import ArtifactCache, atomic_write_text
+from benchmarks.common import environment, finish, ratio, row, run_mode, start
+from rag.atomic import atomic_write_text
+from rag.cache import ArtifactCache
 from rag.config import PROJECT_ROOT
 from rag.models import default_cache_root
 from rag.types import Context
@@ -68,7 +69,7 @@ def answer_quality(result: dict[str, Any], resamples: int = 1000) -> dict[str, A
 
     _, contexts, truths = rag_prompts(result["n_prompts"])
     embedder = SentenceTransformerEmbedder(EVAL_EMBEDDER, show_progress=False)
-    separator = ScoreSettings.__dataclass_fields__["context_separator"].default
+    separator = ScoreSettings().context_separator
     e_truth = embedder.encode(truths)
     e_context = embedder.encode([separator.join(c.text for c in ctx) for ctx in contexts])
     per_question = {}
@@ -126,7 +127,7 @@ def _measure(variant: dict[str, Any], model: dict[str, Any], questions: list[str
     from rag.llm import loading as llm_module
     from rag.llm.hf import HFGenerator
 
-    llm_module.load_causal_lm.cache_clear()
+    llm_module.clear_loaded()
     cuda = variant["device"].startswith("cuda")
     if cuda:
         torch.cuda.empty_cache()
@@ -169,10 +170,10 @@ def _measure(variant: dict[str, Any], model: dict[str, Any], questions: list[str
     }
     if cuda:
         res["gpu_peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-        res["weights_mib"] = round(gen._lm[1].get_memory_footprint() / 2**20, 1)
+        res["weights_mib"] = round(gen.load()[1].get_memory_footprint() / 2**20, 1)
         res["gpu"] = torch.cuda.get_device_name()
     del gen
-    llm_module.load_causal_lm.cache_clear()
+    llm_module.clear_loaded()
     return res
 
 
@@ -185,7 +186,7 @@ def bench_generation(quick: bool = True, full: bool = False, tiny: bool = False,
     import torch
 
     clock = start()
-    n = n_prompts or (2 if tiny else 64 if full else 16)
+    n = n_prompts or {"tiny": 2, "quick": 16, "full": 64}[run_mode(tiny, full)]
     if tiny:
         batch_size, max_new_tokens = 2, 4
     cache_dir = cache_dir or str(default_cache_root())
@@ -237,9 +238,10 @@ def bench_generation(quick: bool = True, full: bool = False, tiny: bool = False,
         ]
     if not with_cuda:
         table.append(row("GPU variants", "skipped", "", "no CUDA GPU" if not tiny else "tiny run"))
-    result = {"table": table, "n_prompts": n, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-              "model": model_args, "prepare_s": round(prepare_s, 2), "variants": results, "questions": questions,
-              "environment": environment()}
+    result: dict[str, Any] = {
+        "table": table, "n_prompts": n, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+        "model": model_args, "prepare_s": round(prepare_s, 2), "variants": results, "questions": questions,
+        "environment": environment()}
     if importlib.util.find_spec(EVAL_EMBEDDER.split(":", 1)[1]) is None:
         result["quality"] = {"skipped": "the evaluation embedder is not installed here; score the answers where it "
                                         "is: python -m benchmarks.generation --score generation.json"}

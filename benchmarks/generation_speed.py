@@ -26,11 +26,12 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import compose, environment, finish, ratio, row, start
+from benchmarks.common import compose, environment, finish, ratio, row, run_mode, start
 
 OLD_DECODING = {"max_new_tokens": 96, "stop": [], "repeat_stop_ngram": 0, "no_repeat_ngram_size": 0}
 BEFORE = {"runtime": "generate", "batch_size": 4, "num_threads": 1, "dtype": "float32", **OLD_DECODING}
@@ -39,7 +40,7 @@ BEFORE = {"runtime": "generate", "batch_size": 4, "num_threads": 1, "dtype": "fl
 PROMPTS = ["reranker=mmr"]  # see the module's docstring
 
 
-def v3_prompts(n_per_corpus: int, overrides: list[str] = ()) -> dict[str, Any]:
+def v3_prompts(n_per_corpus: int, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Questions, their v3 contexts and ground truths, `n_per_corpus` of each corpus."""
     from rag.query import retrieve_rerank_all
     from rag.session import open_session
@@ -57,13 +58,13 @@ def v3_prompts(n_per_corpus: int, overrides: list[str] = ()) -> dict[str, Any]:
     qa = [s.qa[i] for i in rows]
     queries = [q.question for q in qa]
     filters = s.retriever.filters_for([q.corpus for q in qa], queries)
-    hits, _, _ = retrieve_rerank_all(s.retriever, s.reranker, queries, filters, s.depth, s.chunk_set.chunks, s.settings.k)
+    hits, _, _ = retrieve_rerank_all(s.retriever, s.reranker, queries, filters, s.depth, s.chunk_set.chunks, s.score.k)
     contexts = s.context_builder.build(hits, s.chunk_set)
     return {"questions": queries, "contexts": contexts, "truths": [q.answer for q in qa],
             "corpora": [q.corpus for q in qa], "llm": dict(cfg_llm(overrides))}
 
 
-def cfg_llm(overrides: list[str] = ()) -> Any:
+def cfg_llm(overrides: Sequence[str] = ()) -> Any:
     from omegaconf import OmegaConf
 
     cfg = compose(["+version=v3", *overrides])
@@ -117,7 +118,8 @@ def floor_seconds(costs: dict[str, float], stats: dict[str, float], limits: dict
     plus decoding steps' reads (weights once per step and batch; KV per live row) at the read
     bandwidth. Decoding steps are counted from the run's own row-steps and batches."""
     bytes_w = 4 if dtype == "float32" else 2
-    gemm = limits.get(f"gemm_{dtype}_{threads}t_gflop_s") or limits.get(f"gemm_{dtype}_1t_gflop_s")
+    # machine_limits measures every dtype on one thread, and on `threads` when that is another count
+    gemm = limits.get(f"gemm_{dtype}_{threads}t_gflop_s") or limits[f"gemm_{dtype}_1t_gflop_s"]
     prefill_flops = 2 * costs["non_embedding_params"] * stats["padded_prefill_tokens"]
     prefill_s = prefill_flops / (gemm * 1e9)
     # weights: once per decoding step of a batch; the lm head's share (tied embedding) included
@@ -138,7 +140,7 @@ def run_variant(name: str, settings: dict[str, Any], base_llm: dict[str, Any], p
     args = {k: v for k, v in base_llm.items() if k != "_target_"}
     args.update(settings)
     gen = HFGenerator(**args)
-    llm_module.load_causal_lm.cache_clear()
+    llm_module.clear_loaded()
     gen.warm_up()
     gen.generate(prompts["questions"][:1], prompts["contexts"][:1])  # kernels and allocator warm
     t0 = time.perf_counter()
@@ -171,7 +173,7 @@ def answer_scores(answers: list[str], prompts: dict[str, Any], tau_h: float = 0.
     from rag.session import create
 
     embedder = create(compose([]).eval.embedder)
-    sep = ScoreSettings.__dataclass_fields__["context_separator"].default
+    sep = ScoreSettings().context_separator
     e_t = embedder.encode(prompts["truths"], show_progress=False)
     e_c = embedder.encode([sep.join(c.text for c in ctx) for ctx in prompts["contexts"]], show_progress=False)
     e_a = embedder.encode(answers, show_progress=False)
@@ -181,19 +183,19 @@ def answer_scores(answers: list[str], prompts: dict[str, Any], tau_h: float = 0.
 
 
 def bench_generation_speed(quick: bool = True, full: bool = False, tiny: bool = False, n_per_corpus: int | None = None,
-                           bf16: bool = True, overrides: list[str] = (), n_single: int = 4) -> dict[str, Any]:
+                           bf16: bool = True, overrides: Sequence[str] = (), n_single: int = 4) -> dict[str, Any]:
     """Generation on the CPU: tokens/s of the generator against the runtime before it on v3's
     prompts (same decoding: speed-up and identical answers), the new decoding's answer length and
     quality, and the machine's limits."""
     clock = start()
-    n = n_per_corpus or (1 if tiny else 50 if full else 8)
+    n = n_per_corpus or {"tiny": 1, "quick": 8, "full": 50}[run_mode(tiny, full)]
     prompts = v3_prompts(n, list(overrides))
     base_llm = prompts["llm"]
     threads = os.cpu_count() or 1
     tiny_cap = {"max_new_tokens": 8} if tiny else {}
-    variants = [("before", {**BEFORE, **tiny_cap}),
-                ("after_same_decoding", {**OLD_DECODING, **tiny_cap}),
-                ("after", dict(tiny_cap))]
+    variants: list[tuple[str, dict[str, Any]]] = [
+        ("before", {**BEFORE, **tiny_cap}), ("after_same_decoding", {**OLD_DECODING, **tiny_cap}),
+        ("after", dict(tiny_cap))]
     if bf16 and not tiny:
         variants.insert(2, ("bfloat16_same_decoding", {**OLD_DECODING, "dtype": "bfloat16"}))
     results: dict[str, Any] = {}

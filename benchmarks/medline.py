@@ -16,7 +16,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import environment, finish, mb, proc_mem, reset_peak, row, run_case, scratch_dir, start
+from benchmarks.common import (
+    environment,
+    finish,
+    mb,
+    proc_mem,
+    reset_peak,
+    row,
+    run_case,
+    run_mode,
+    scratch_dir,
+    start,
+)
 
 WORDS = ("patients", "treatment", "cohort", "randomized", "placebo", "outcome", "risk", "ratio", "clinical", "trial",
          "mortality", "incidence", "baseline", "follow-up", "significant", "reduced", "increased", "dose", "therapy",
@@ -88,7 +99,7 @@ def read_case(pattern: str) -> dict[str, Any]:
 def bench_medline(quick: bool = True, full: bool = False, tiny: bool = False) -> dict[str, Any]:
     """Reading a baseline-shaped set of MEDLINE .xml.gz files by glob: articles/s, MB/s, peak RSS."""
     clock = start()
-    n_files, per_file = (2, 200) if tiny else (4, 30_000) if full else (4, 5_000)
+    n_files, per_file = {"tiny": (2, 200), "quick": (4, 5_000), "full": (4, 30_000)}[run_mode(tiny, full)]
     with scratch_dir("medline") as tmp:
         t0 = time.perf_counter()
         write_baseline(tmp / "baseline", n_files, per_file)

@@ -29,6 +29,7 @@ from benchmarks.common import (
     pubmedqa_questions,
     ratio,
     row,
+    run_mode,
     run_pipeline_subprocess,
     scratch_dir,
     start,
@@ -73,7 +74,7 @@ def speed_and_vectors(texts: list[str], cache_dir: Path, blocks: int) -> dict[st
     for name in names:
         e = embedders[name]
         e.encode_queries(questions[:1])
-        query_ms[name] = median(per_call_ms(lambda q, e=e: e.encode_queries([q]), questions))
+        query_ms[name] = median(per_call_ms(lambda q: e.encode_queries([q]), questions))
     n = len(texts)
     out: dict[str, Any] = {"n_texts": n, "blocks": len(parts), "load_or_export_s": load_s,
                            "ids": {k: e.id for k, e in embedders.items()},
@@ -148,7 +149,7 @@ def bench_onnx(quick: bool = True, full: bool = False, n_texts: int | None = Non
     """ONNX backend (fp32 and int8) vs torch: chunks/s speed-ups, vector differences and retrieval
     quality of v1 on the default slice with each embedder."""
     clock = start()
-    n_texts = n_texts or (24 if tiny else 2000 if full else 1000)
+    n_texts = n_texts or {"tiny": 24, "quick": 1000, "full": 2000}[run_mode(tiny, full)]
     blocks = 3 if tiny else 6
     with_quality = (not tiny) if with_quality is None else with_quality
     texts = pubmedqa_chunks(n_texts)

@@ -14,11 +14,12 @@ as the verdict computes them).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import environment, finish, ratio, row, start
+from benchmarks.common import environment, finish, ratio, row, run_mode, start
 from benchmarks.generation_speed import answer_scores, v3_prompts
 
 
@@ -98,13 +99,13 @@ def _missing_engine() -> str | None:
 
 def bench_openvino_generation(quick: bool = True, full: bool = False, tiny: bool = False,
                               n_per_corpus: int | None = None, threads: int = 2, repeats: int | None = None,
-                              overrides: list[str] = ()) -> dict[str, Any]:
+                              overrides: Sequence[str] = ()) -> dict[str, Any]:
     """llm=openvino against llm=smollm2 on v3's prompts: speed, identical answers, answer metrics."""
     clock = start()
     missing = _missing_engine()
     if missing:
         return finish({"skipped": missing, "table": [row("llm=openvino", "skipped", "", missing)]}, clock)
-    n = n_per_corpus or (1 if tiny else 50 if full else 8)
+    n = n_per_corpus or {"tiny": 1, "quick": 8, "full": 50}[run_mode(tiny, full)]
     repeats = repeats or (1 if tiny else 3)
     prompts = v3_prompts(n, list(overrides))
     runs = {name: measure(name, prompts["llm"], prompts, threads, repeats)

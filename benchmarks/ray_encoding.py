@@ -6,7 +6,7 @@ and with two actors, against the local stage, on a Ray cluster started here.
   worker node, which gets the machine's 2 cores: 1 actor x 2 CPUs (2 torch threads) or 2 actors
   x 1 CPU (1 thread each) -- the same cores, split two ways. The driver connects once; each Ray
   run then starts its actors (each imports torch and loads the model) and encodes.
-- local: `rag.artifacts.encode_to_npy` with the `SentenceTransformerEmbedder` of
+- local: `rag.embedder.npy_writer.encode_to_npy` with the `SentenceTransformerEmbedder` of
   conf/embedder/minilm.yaml, model already loaded, torch's default threads (one per core).
 - Ray: the same `encode_to_npy` with the embedder's Ray engine (same model settings, `ray_batch_size`
   texts per actor call), so both sides include writing the .npy. Reported per Ray run: the whole
@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import finish, pubmedqa_chunks, ratio, row, scratch_dir, start
+from benchmarks.common import finish, pubmedqa_chunks, ratio, row, run_mode, scratch_dir, start
 from benchmarks.encoding import loaded_embedder, make_embedder, texts_facts, texts_note
 
 CORES = 2  # the worker node's CPUs: what the local side uses too (torch's default on this machine)
 # Node processes: small object stores (texts and vectors of a 2000-chunk run are ~5 MB).
-NODE = {"object_store_memory": 100 * 2**20, "include_dashboard": False, "node_ip_address": "127.0.0.1"}
+NODE: dict[str, Any] = {"object_store_memory": 100 * 2**20, "include_dashboard": False, "node_ip_address": "127.0.0.1"}
 
 
 def _skipped(reason: str, clock: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def ray_runs(sides: dict[str, Any], order: list[str],
     each side's vectors, cluster start seconds, driver connect seconds)."""
     import ray
 
-    from rag.artifacts import encode_to_npy
+    from rag.embedder.npy_writer import encode_to_npy
     from rag.embedder.ray_data import loopback_ray
 
     runs: list[dict[str, Any]] = []
@@ -116,7 +116,7 @@ def bench_ray_encoding(quick: bool = True, full: bool = False, tiny: bool = Fals
         if importlib.util.find_spec(module) is None:
             return _skipped(f"{module} is not installed (pip install -e \".[distributed]\")", clock)
 
-    n_texts = n_texts or (48 if tiny else 2000 if full else 1000)
+    n_texts = n_texts or {"tiny": 48, "quick": 1000, "full": 2000}[run_mode(tiny, full)]
     ray_batch_size = ray_batch_size or (16 if tiny else 128)
     texts = pubmedqa_chunks(n_texts)
     local, load_s = loaded_embedder(texts)

@@ -18,11 +18,12 @@ question the median of its repeats; reported p50 and p95 over questions.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import compose, environment, finish, ratio, row, start
+from benchmarks.common import compose, environment, finish, ratio, row, run_mode, start
 
 FULL = ["slice.docs_per_source=null", "slice.questions_per_corpus=null", "embedder.show_progress=false"]
 
@@ -54,7 +55,7 @@ def _dense(r: Any, queries: list[str], k: int, warmup: int, repeats: int) -> dic
 
 
 def _tokens(bm: Any, queries: list[str]) -> list[list[str]]:
-    from rag.bm25 import tokenize
+    from rag.retriever.tokens import tokenize
 
     return [[t for t in tokenize([q], bm.stopwords, bm.stem)[0] if t in bm.model.vocab_dict] for q in queries]
 
@@ -89,7 +90,7 @@ def _hybrid(r: Any, fusion: Any, queries: list[str], k: int, warmup: int, repeat
 
 
 def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool = False, n_questions: int | None = None,
-                            repeats: int = 3, warmup: int = 5, overrides: list[str] = (),
+                            repeats: int = 3, warmup: int = 5, overrides: Sequence[str] = (),
                             full_corpus: bool = True) -> dict[str, Any]:
     """Per-question retrieval latency (p50/p95) on the full corpus: dense flat, dense HNSW, BM25 and
     hybrid through the harness, against FAISS and bm25s called directly on the same data."""
@@ -97,7 +98,7 @@ def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool =
     from rag.settings import load
 
     clock = start()
-    n_q = n_questions or (8 if tiny else 400 if full else 200)
+    n_q = n_questions or {"tiny": 8, "quick": 200, "full": 400}[run_mode(tiny, full)]
     base = FULL if full_corpus and not tiny else ["embedder.show_progress=false"]
     cases = {"flat": ["retriever=dense", "index=flat_l2"], "hnsw": ["retriever=dense", "index=hnsw"],
              "bm25": ["retriever=bm25"], "hybrid": ["retriever=hybrid", "index=hnsw", "fusion=rrf"]}
@@ -108,7 +109,7 @@ def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool =
         qs = [q.question for q in s.qa]
         pick = np.unique(np.linspace(0, len(qs) - 1, min(n_q, len(qs))).round().astype(int))
         queries = [qs[i] for i in pick]
-        k, r = s.settings.k, s.retriever
+        k, r = s.score.k, s.retriever
         harness = _timed(lambda q, r=r, k=k: r.search_one(q, k, None, reuse=False), queries, warmup, repeats)
         res: dict[str, Any] = {"harness": _pct(harness), "chunks": len(s.chunk_set), "questions": len(queries)}
         if name in ("flat", "hnsw"):

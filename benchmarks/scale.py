@@ -19,11 +19,13 @@ from __future__ import annotations
 import shutil
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+from rag.embedder.base import Embedder
 
 from benchmarks.common import (
     PeakSampler,
@@ -34,6 +36,7 @@ from benchmarks.common import (
     reset_peak,
     row,
     run_case,
+    run_mode,
     scratch_dir,
     start,
     structured_vectors,
@@ -49,14 +52,19 @@ TARGETS = {"peak_rss_mb": 12 * 1024, "hybrid_p50_ms": 50.0, "recall_at_10": 0.95
 # 1M-row sample) and assigning 10M rows to them would take most of the build on 2 cores.
 NLIST = {1_000_000: 1024, 3_000_000: 1024, 10_000_000: 2048}
 VECTOR_BLOCK = 200_000
+T = TypeVar("T")
 
 
-class SyntheticQueries:
+class SyntheticQueries(Embedder):
     """`embedder.queries` for precomputed vectors: a question's vector is drawn from the corpus's
     distribution, seeded by the question's text (the same vector for the same question)."""
 
     def __init__(self, dim: int = 384):
-        self.dim = dim
+        self._dim = dim
+
+    @property
+    def dim(self) -> int:
+        return self._dim
 
     @property
     def id(self) -> dict[str, Any]:
@@ -90,7 +98,7 @@ def make_inputs(n: int, workdir: str, dim: int = 384) -> dict[str, Any]:
     return {"s": round(time.perf_counter() - t0, 1), "vectors_mb": mb((out / "vectors.npy").stat().st_size)}
 
 
-def _phase(name: str, fn: Any, log: list[dict[str, Any]]) -> Any:
+def _phase(name: str, fn: Callable[[], T], log: list[dict[str, Any]]) -> T:
     before = proc_mem()
     reset_peak()
     t0 = time.perf_counter()
@@ -109,9 +117,11 @@ def parts(n: int, workdir: str, dim: int = 384) -> dict[str, Any]:
     """The harness's components for a scale run over the inputs of make_inputs."""
     from rag.chunker.sliding_window import SlidingWindowChunker
     from rag.embedder.precomputed import PrecomputedEmbedder
-    from rag.fusion import RRFFusion
-    from rag.index import IVFPQIndex
-    from rag.retriever import BM25Retriever, DenseRetriever, HybridRetriever
+    from rag.index.faiss_index import IVFPQIndex
+    from rag.retriever.dense import DenseRetriever
+    from rag.retriever.fusion import RRFFusion
+    from rag.retriever.hybrid import HybridRetriever
+    from rag.retriever.lexical import BM25Retriever
 
     embedder = PrecomputedEmbedder(str(Path(workdir) / "precomputed"), queries=SyntheticQueries(dim))
     index = IVFPQIndex(nlist=NLIST.get(n, max(64, 2 ** int(np.log2(max(4096, n)) / 2))), m=48, nprobe=32, refine=10)
@@ -149,7 +159,7 @@ def build(n: int, workdir: str, stages: tuple[str, ...] = ("chunks", "vectors", 
 
 def exact_top10(vectors: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray:
     """Exact L2 top-k of every query over every row, read in blocks (not mapped)."""
-    from rag.vector_rows import read_rows
+    from rag.index.vector_rows import read_rows
 
     n = len(vectors)
     best_d = np.full((len(queries), k), np.inf, np.float32)
@@ -168,7 +178,7 @@ def exact_top10(vectors: np.ndarray, queries: np.ndarray, k: int = 10) -> np.nda
 def other_indexes(arts: Any, p: dict[str, Any], queries: np.ndarray, exact: np.ndarray) -> list[dict[str, Any]]:
     """The other compressed indexes over the same vectors: build time, one-query p50 and
     recall@10 against exact search (`--full` at 1M; HNSW's build alone takes minutes there)."""
-    from rag.index import HNSWSQ8Index, IVFSQ8Index
+    from rag.index.faiss_index import HNSWSQ8Index, IVFSQ8Index
 
     out = []
     for name, index in (("ivf_sq8", IVFSQ8Index(nlist=p["dense"].index.nlist, nprobe=32)), ("hnsw_sq8", HNSWSQ8Index())):
@@ -285,7 +295,8 @@ def bench_scale(quick: bool = True, full: bool = False, n_docs: int | None = Non
     against the 10M targets."""
     clock = start()
     if sizes is None:
-        sizes = [n_docs] if n_docs else [3000] if tiny else [1_000_000, 3_000_000, 10_000_000] if full else [1_000_000]
+        by_mode = {"tiny": [3000], "quick": [1_000_000], "full": [1_000_000, 3_000_000, 10_000_000]}
+        sizes = [n_docs] if n_docs else by_mode[run_mode(tiny, full)]
     # --full: the other compressed indexes' recall at the smallest size
     runs = {str(n): run_size(n, tiny=tiny, more_indexes=(full or tiny) and n == min(sizes)) for n in sizes}
     table = []

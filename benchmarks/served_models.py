@@ -49,7 +49,8 @@ def bench_served_models(quick: bool = True, full: bool = False, tiny: bool = Fal
     in-process models, at request concurrency 1 and 4."""
     from rag.embedder.openai import OpenAIEmbedder
     from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
-    from rag.endpoint import map_concurrent
+    from rag.concurrent import map_concurrent
+    from rag.endpoint import EndpointSettings
     from rag.models import resolve_model
     from rag.reranker.http import HTTPReranker
     from rag.servers import InfinityServer, infinity_executable
@@ -91,10 +92,11 @@ def bench_served_models(quick: bool = True, full: bool = False, tiny: bool = Fal
     log = Path(cache) / "bench-infinity.log"
     with InfinityServer({"minilm": minilm, "ce": ce_folder}, threads=2, log_path=log) as srv:
         for c in concurrency:
-            emb = OpenAIEmbedder(srv.base_url, "minilm", batch_size=32, concurrency=c, show_progress=False)
-            emb.encode(texts[:32])
+            served = OpenAIEmbedder(srv.base_url, "minilm", batch_size=32, show_progress=False,
+                                    endpoint=EndpointSettings(timeout_s=60, concurrency=c))
+            served.encode(texts[:32])
             t0 = time.perf_counter()
-            vecs = emb.encode(texts)
+            vecs = served.encode(texts)
             seconds = time.perf_counter() - t0
             variants[f"embed_served_c{c}"] = {
                 "texts_per_s": _rate(len(texts), seconds), "concurrency": c,

@@ -25,9 +25,10 @@ from typing import Any
 
 from benchmarks.common import compose, environment, finish, main_cache, ratio, row, start, tiny_dataset
 from rag.cache import ArtifactCache
+from rag.types import Context
 
 
-def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) -> tuple[Any, list[str], list[list[Any]]]:
+def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) -> tuple[Any, list[str], list[list[Context]]]:
     """(llm config, questions, contexts) of a v3 run on the default slice, retrieval artifacts
     from (or built into) the cache."""
     from rag.query import retrieve_rerank_all
@@ -41,11 +42,11 @@ def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) ->
     queries = [q.question for q in session.qa]
     filters = session.retriever.filters_for([q.corpus for q in session.qa], queries)
     hits, _, _ = retrieve_rerank_all(session.retriever, session.reranker, queries, filters, session.depth,
-                               session.chunk_set.chunks, session.settings.k)
+                               session.chunk_set.chunks, session.score.k)
     return cfg.llm, queries, session.context_builder.build(hits, session.chunk_set)
 
 
-def _in_process(llm_cfg: Any, batch_size: int, questions: list[str], contexts: list[list[Any]]) -> dict[str, Any]:
+def _in_process(llm_cfg: Any, batch_size: int, questions: list[str], contexts: list[list[Context]]) -> dict[str, Any]:
     from rag.llm.hf import HFGenerator
     from rag.session import create
 
@@ -60,11 +61,13 @@ def _in_process(llm_cfg: Any, batch_size: int, questions: list[str], contexts: l
 
 
 def _served(base_url: str, folder: str, llm_cfg: Any, concurrency: int, questions: list[str],
-            contexts: list[list[Any]]) -> dict[str, Any]:
+            contexts: list[list[Context]]) -> dict[str, Any]:
+    from rag.endpoint import EndpointSettings
     from rag.llm import OpenAIGenerator
 
     gen = OpenAIGenerator(base_url=base_url, model=folder, max_tokens=int(llm_cfg.max_new_tokens),
-                          temperature=float(llm_cfg.temperature), concurrency=concurrency, timeout_s=600,
+                          temperature=float(llm_cfg.temperature),
+                          endpoint=EndpointSettings(concurrency=concurrency, timeout_s=600),
                           prompt=dict(llm_cfg.prompt), system_prompt=llm_cfg.system_prompt)
     gen.generate(questions[:2], contexts[:2])
     t0 = time.perf_counter()
@@ -78,7 +81,7 @@ def _served(base_url: str, folder: str, llm_cfg: Any, concurrency: int, question
     return res
 
 
-def _speed(answers: list[str], tokens: int, seconds: float) -> dict[str, Any]:
+def _speed(answers: list[str], tokens: float, seconds: float) -> dict[str, Any]:
     return {"answers": answers, "seconds": round(seconds, 2), "new_tokens": int(tokens),
             "answers_per_s": round(len(answers) / seconds, 4), "tokens_per_s": round(tokens / seconds, 2)}
 
@@ -143,7 +146,7 @@ if __name__ == "__main__":
     import argparse
     import json
 
-    from rag.cache import atomic_write_text
+    from rag.atomic import atomic_write_text
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n-per-corpus", type=int, default=12)

@@ -36,6 +36,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from rag.cache import ArtifactCache, make_key
+from rag.endpoint import EndpointSettings
 from rag.llm.chat_api import ChatEndpoint, EndpointError, map_concurrent
 from rag.llm.prompt import chat_messages
 from rag.types import RagError
@@ -122,18 +123,12 @@ class Judge:
         temperature: float = 0.0,
         max_tokens: int = 128,
         seed: int | None = 0,
-        concurrency: int = 4,
-        timeout_s: float = 120.0,
-        max_retries: int = 4,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 30.0,
-        extra_body: dict[str, Any] | None = None,
-        cache_namespace: str | None = None,
+        endpoint: EndpointSettings | None = None,
     ):
         if not model:
             raise RagError("eval.judge.model must name the judge model the endpoint serves (eval.judge.enabled=true)")
-        self.endpoint = ChatEndpoint(base_url, str(model), api_key_env, timeout_s, max_retries, backoff_s,
-                                     max_backoff_s, what="eval.judge", connections=concurrency if isinstance(concurrency, int) else 1)
+        settings = endpoint or EndpointSettings()
+        self.endpoint = settings.transport("eval.judge", base_url, str(model), api_key_env, kind=ChatEndpoint)
         unknown = [m for m in metrics if m not in RUBRICS]
         if unknown or not metrics:
             raise RagError(f"eval.judge.metrics: unknown or none {unknown or list(metrics)}; known: {sorted(RUBRICS)}")
@@ -142,14 +137,14 @@ class Judge:
         self.temperature = float(temperature)
         self.max_tokens = int(max_tokens)
         self.seed = None if seed is None else int(seed)
-        self.concurrency = int(concurrency)
-        self.extra_body = dict(extra_body or {})
-        self.cache_namespace = cache_namespace
+        self.concurrency = settings.concurrency
+        self.extra_body = dict(settings.extra_body)
+        self.cache_namespace = settings.cache_namespace
         if not 1 <= self.repeats <= 20:
             raise RagError(f"eval.judge.repeats must be between 1 and 20, got {repeats}")
-        if self.max_tokens <= 0 or self.temperature < 0 or not 1 <= self.concurrency <= 256:
-            raise RagError(f"eval.judge: max_tokens must be positive, temperature >= 0 and concurrency in 1..256 "
-                           f"(got {max_tokens}, {temperature}, {concurrency})")
+        if self.max_tokens <= 0 or self.temperature < 0:
+            raise RagError(f"eval.judge: max_tokens must be positive and temperature >= 0 "
+                           f"(got {max_tokens}, {temperature})")
         if self.repeats > 1 and self.temperature == 0:
             log.warning("eval.judge.repeats=%d with temperature 0: agreement measures only the engine's nondeterminism",
                         self.repeats)
@@ -174,7 +169,7 @@ class Judge:
                 "temperature": self.temperature, "max_tokens": self.max_tokens}
 
     def tasks(self, items: list[Item]) -> list[tuple[int, str, int, list[dict[str, str]]]]:
-        out = []
+        out: list[tuple[int, str, int, list[dict[str, str]]]] = []
         for q, it in enumerate(items):
             contexts = "\n\n".join(f"[{n}] {' '.join(t.split())}" for n, t in enumerate(it.contexts, 1)) or "(no passages)"
             fields = {"question": it.question.strip(), "answer": it.answer.strip() or "(empty answer)",
@@ -222,7 +217,7 @@ class Judge:
         return self._collect(items, tasks, replies, failed, sent=len(todo) - len(failed), fresh=set(todo))
 
     def _collect(self, items: list[Item], tasks: list, replies: list, failed: dict[int, str], sent: int,
-                 fresh: set[int] = frozenset()) -> dict[str, Any]:
+                 fresh: set[int] | frozenset[int] = frozenset()) -> dict[str, Any]:
         per_q: list[dict[str, Any]] = [
             {m: {"verdicts": [None] * self.repeats, "scores": [None] * self.repeats, "reasons": [None] * self.repeats,
                  "errors": [None] * self.repeats} for m in self.metrics} for _ in items]

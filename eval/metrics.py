@@ -44,7 +44,7 @@ def relevant_by_id(retrieved_doc_ids: list[list[str | None]], source_ids: list[s
 
 
 def recall_at_k(relevant: np.ndarray) -> np.ndarray:
-    return np.asarray(relevant, bool).any(axis=1).astype(np.float64)
+    return np.asarray(np.asarray(relevant, bool).any(axis=1), np.float64)
 
 
 def reciprocal_rank(relevant: np.ndarray) -> np.ndarray:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from eval import metrics as M
 from eval.labels import LABEL_METRICS, label_metrics
+from eval.record import JudgedMetric, QuestionRecord, RetrievedChunk
 from eval.stats import bootstrap_ci
 from rag.cache import ArtifactCache, MemoryTier, make_key
 from rag.types import Chunk, Hits, QAItem, RagError
@@ -37,8 +39,14 @@ class MemoizedEncoder:
     def __call__(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), np.float32)
-        found = {t: self.memory.get("eval_vectors", (self._model, t)) for t in dict.fromkeys(texts)}
-        missing = [t for t, v in found.items() if v is None]
+        found: dict[str, np.ndarray] = {}
+        missing = []
+        for t in dict.fromkeys(texts):
+            v = self.memory.get("eval_vectors", (self._model, t))
+            if v is None:
+                missing.append(t)
+            else:
+                found[t] = v
         if missing:
             for t, v in zip(missing, self._encode(missing)):
                 found[t] = self.memory.put("eval_vectors", (self._model, t), v)
@@ -96,7 +104,7 @@ class ScoreSettings:
 def score(
     qa: list[QAItem],
     hits: Hits,
-    chunks: list[Chunk],
+    chunks: Sequence[Chunk],
     eval_embedder: Any,
     settings: ScoreSettings,
     answers: list[str | None] | None = None,
@@ -104,7 +112,7 @@ def score(
     context_texts: list[list[str]] | None = None,
     memory: MemoryTier | None = None,
     store: ArtifactCache | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[QuestionRecord], dict[str, Any]]:
     """Returns (per-question records, aggregates).
 
     Grounding compares the answer with the concatenated passages the LLM was given
@@ -139,40 +147,34 @@ def score(
     records = []
     for q, item in enumerate(qa):
         slots = [(j, int(r)) for j, r in enumerate(ids[q]) if r >= 0]
-        rec: dict[str, Any] = {
-            "id": item.id,
-            "question": item.question,
-            "ground_truth": item.answer,
-            "source": item.source,
-            "corpus": item.corpus,
-            "labels": [r.to_json() for r in item.labels],
-            "retrieved": [
-                {
-                    "rank": j + 1,
-                    "chunk_id": chunks[r].id,
-                    "doc_id": chunks[r].doc_id,
-                    "score": float(top.scores[q, j]),
-                    "sim_to_truth": round(float(sims[q, j]), 4) if has_answer[q] else None,
-                    "relevant": bool(rel_sim[q, j]) if has_answer[q] else None,
-                    "grade": None if grades[q] is None else grades[q][i],
-                    "relevant_label": None if grades[q] is None else grades[q][i] > 0,
-                    "text": chunks[r].text,
-                }
+        labelled = grades[q]
+        records.append(QuestionRecord(
+            id=item.id, question=item.question, ground_truth=item.answer, source=item.source, corpus=item.corpus,
+            labels=list(item.labels),
+            retrieved=[
+                RetrievedChunk(
+                    rank=j + 1, chunk_id=chunks[r].id, doc_id=chunks[r].doc_id, score=float(top.scores[q, j]),
+                    sim_to_truth=round(float(sims[q, j]), 4) if has_answer[q] else None,
+                    relevant=bool(rel_sim[q, j]) if has_answer[q] else None,
+                    grade=None if labelled is None else labelled[i],
+                    relevant_label=None if labelled is None else labelled[i] > 0,
+                    text=chunks[r].text,
+                )
                 for i, (j, r) in enumerate(slots)
             ],
-        }
-        if answers is not None and answers[q] is not None:
-            rec["answer"] = answers[q]
-        for m in reported:
-            v = values[m][q]
-            rec[m] = None if np.isnan(v) else float(v)
-        records.append(rec)
+            answer=None if answers is None else answers[q],
+            metrics={m: _value(values[m][q]) for m in reported},
+        ))
 
     aggregates = aggregate(records, reported, settings)
     return records, aggregates
 
 
-def retrieval_values(qa: list[QAItem], ids: np.ndarray, chunks: list[Chunk], rel_sim: np.ndarray,
+def _value(v: float) -> float | None:
+    return None if np.isnan(v) else float(v)
+
+
+def retrieval_values(qa: list[QAItem], ids: np.ndarray, chunks: Sequence[Chunk], rel_sim: np.ndarray,
                      k: int) -> dict[str, np.ndarray]:
     """The seed's similarity metrics and the metrics by source id, per question."""
     doc_ids = [[chunks[r].doc_id if r >= 0 else None for r in ids[q]] for q in range(len(qa))]
@@ -196,7 +198,7 @@ def answer_values(answers: list[str | None], contexts: list[str], e_truth: np.nd
     answered = [q for q, a in enumerate(answers) if a is not None]
     if not answered:
         return values
-    e_answer = encode([answers[q] for q in answered])
+    e_answer = encode([a for a in answers if a is not None])
     e_context = encode([contexts[q] for q in answered])
     grounded = M.grounding(e_answer, e_context)
     values["grounding"][answered] = grounded
@@ -208,7 +210,7 @@ def answer_values(answers: list[str | None], contexts: list[str], e_truth: np.nd
 
 
 def truth_similarities(
-    qa: list[QAItem], ids: np.ndarray, chunks: list[Chunk], encode: MemoizedEncoder, chunk_vectors: np.ndarray | None
+    qa: list[QAItem], ids: np.ndarray, chunks: Sequence[Chunk], encode: MemoizedEncoder, chunk_vectors: np.ndarray | None
 ) -> tuple[np.ndarray | None, np.ndarray]:
     """The ground truths' vectors (a zero row for a question without an answer; None when no
     question has one) and sim(E(chunk), E(G)) per retrieved slot (-1 for empty slots and for
@@ -231,6 +233,8 @@ def truth_similarities(
         row_vecs = encode([chunks[r].text for r in rows])
     pos = {int(r): i for i, r in enumerate(rows)}
     sims = np.full(ids.shape, -1.0)
+    if e_truth is None or row_vecs is None:  # no question has a ground truth
+        return e_truth, sims
     for q in range(len(qa)):
         for j in range(ids.shape[1]):
             if valid[q, j] and has_answer[q]:
@@ -238,13 +242,13 @@ def truth_similarities(
     return e_truth, sims
 
 
-def aggregate(records: list[dict[str, Any]], metrics: list[str], settings: ScoreSettings) -> dict[str, Any]:
+def aggregate(records: list[QuestionRecord], metrics: list[str], settings: ScoreSettings) -> dict[str, Any]:
     """Mean and 95% bootstrap CI of each metric, overall and per question corpus."""
 
-    def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    def summarize(recs: list[QuestionRecord]) -> dict[str, Any]:
         out = {}
         for m in metrics:
-            summary = _mean_ci([r[m] for r in recs if r.get(m) is not None], settings)
+            summary = _mean_ci([v for r in recs if (v := r.metrics.get(m)) is not None], settings)
             if summary is not None:
                 out[m] = summary
         return out
@@ -264,18 +268,17 @@ def _mean_ci(values: list[float], settings: ScoreSettings) -> dict[str, Any] | N
     return {"mean": float(v.mean()), "ci95": [lo, hi], "n": int(len(v))}
 
 
-def _by_corpus(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
+def _by_corpus(records: list[QuestionRecord]) -> dict[str, list[QuestionRecord]]:
+    groups: dict[str, list[QuestionRecord]] = {}
     for r in records:
-        groups.setdefault(r.get("corpus") or "unlabelled", []).append(r)
+        groups.setdefault(r.corpus or "unlabelled", []).append(r)
     return dict(sorted(groups.items()))
 
 
-def add_judge_scores(records: list[dict[str, Any]], aggregates: dict[str, Any], judged: dict[str, Any],
+def add_judge_scores(records: list[QuestionRecord], aggregates: dict[str, Any], judged: dict[str, Any],
                      settings: ScoreSettings) -> list[str]:
     """Adds the judge's metrics (`judge_<metric>`, eval/judge.py) beside the others: per question
-    the mean of its measured repeats (None when unmeasured) and the repeats themselves under
-    `judge`; per aggregate mean, CI and n over the measured questions, with `unmeasured` (questions
+    the repeats and the mean of the measured ones (None when unmeasured), in `judge`; per aggregate mean, CI and n over the measured questions, with `unmeasured` (questions
     without any measured judgement) and `judgements_unmeasured` (of `judgements` asked) beside
     them, and agreement of the repeats. Returns the metric names added."""
     from eval.judge import question_score
@@ -285,22 +288,21 @@ def add_judge_scores(records: list[dict[str, Any]], aggregates: dict[str, Any], 
         name = f"judge_{metric}"
         names.append(name)
         for rec, slots in zip(records, judged["per_question"]):
-            rec.setdefault("judge", {})[metric] = slots[metric]
-            rec[name] = question_score(slots[metric])
+            rec.judge[metric] = JudgedMetric(slots[metric], question_score(slots[metric]))
         aggregates["overall"][name] = _judge_summary(records, metric, judged["repeats"], settings)
         for corpus, recs in _by_corpus(records).items():
             aggregates["by_corpus"].setdefault(corpus, {})[name] = _judge_summary(recs, metric, judged["repeats"], settings)
     return names
 
 
-def _judge_summary(records: list[dict[str, Any]], metric: str, repeats: int, settings: ScoreSettings) -> dict[str, Any]:
+def _judge_summary(records: list[QuestionRecord], metric: str, repeats: int, settings: ScoreSettings) -> dict[str, Any]:
     from eval.judge import RUBRICS, agreement, fleiss_kappa
 
-    name = f"judge_{metric}"
-    slots = [r["judge"][metric] for r in records]
+    slots = [r.judge[metric].verdicts for r in records]
+    scores = [r.judge[metric].score for r in records]
     errors = [e for s in slots for e in s["errors"] if e]
-    out = _mean_ci([r[name] for r in records if r[name] is not None], settings) or {"mean": None, "ci95": [None, None], "n": 0}
-    out.update(unmeasured=sum(r[name] is None for r in records), judgements=sum(len(s["scores"]) for s in slots),
+    out = _mean_ci([v for v in scores if v is not None], settings) or {"mean": None, "ci95": [None, None], "n": 0}
+    out.update(unmeasured=sum(v is None for v in scores), judgements=sum(len(s["scores"]) for s in slots),
                judgements_unmeasured=len(errors),
                unmeasured_causes={c: sum(e.startswith(c) for e in errors) for c in ("unparseable", "request failed")})
     if repeats > 1:

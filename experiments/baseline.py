@@ -59,8 +59,8 @@ def pick_baseline(records: list[RunRecord], frame: pd.DataFrame, wanted: str | N
     keys = [k for k in (varying or []) if k in frame]
     if keys and len(ok) > 1:
         defaults = default_values(records[ok[0]], keys)
-        for i in range(len(records)) if defaults else []:
-            if all(same_value(frame.loc[i, k], defaults.get(k)) for k in keys):
+        for i in range(len(records)):
+            if defaults and all(same_value(frame.loc[i, k], defaults.get(k)) for k in keys):
                 if records[i].ok:
                     return BaselineChoice(i, "default", defaults, unmatched)
                 return BaselineChoice(ok[0], "first", defaults, unmatched, str(frame.loc[i, "label"]))

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:
+    from experiments.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +38,22 @@ def sweep_exit_status() -> int:
 
 def _report_settings(config: DictConfig, defaults: dict[str, Any]) -> dict[str, Any]:
     node = config.get("report")
-    own = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-    return {**defaults, **{k: v for k, v in (own or {}).items() if v is not None}}
+    own = OmegaConf.to_container(node, resolve=True) if node is not None else None
+    if not isinstance(own, dict):  # no report node
+        return dict(defaults)
+    return {**defaults, **{str(k): v for k, v in own.items() if v is not None}}
 
 
-def _tracker(config: DictConfig) -> Any:
+def _tracker(config: DictConfig) -> Tracker | None:
     node = config.get("tracking")
     if node is None or node.get("_target_") is None:
         return None
     from hydra.utils import instantiate
 
+    from experiments.tracking import Tracker
+
     tracker = instantiate(node)
-    return tracker if getattr(tracker, "enabled", False) else None
+    return tracker if isinstance(tracker, Tracker) and tracker.enabled else None
 
 
 class SweepSummaryCallback(Callback):

@@ -28,6 +28,7 @@ from experiments import metric_info as MI
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+    from matplotlib.typing import RcKeyType
 
 FORMATS = ("png", "svg")
 HATCHES = ["", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---", "***", "|||"]
@@ -35,7 +36,7 @@ MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p"]
 LINESTYLES = ["-", "--", "-.", ":"]
 CMAP = "viridis"  # lightness rises monotonically: reads in grayscale
 
-_RC = {
+_RC: dict[RcKeyType, Any] = {
     "svg.hashsalt": "ragrig",  # stable SVG ids
     "hatch.linewidth": 0.7,
     "axes.titlesize": 11,
@@ -165,7 +166,7 @@ def _yerr(df: pd.DataFrame, m: str) -> np.ndarray:
 
 
 def _n_questions(df: pd.DataFrame, metrics: list[str]) -> str:
-    ns = set()
+    ns: set[int] = set()
     for m in metrics:
         if f"{m}_n" in df:
             ns.update(int(x) for x in df[f"{m}_n"].dropna() if x)
@@ -351,7 +352,10 @@ def line_chart(
         return []
     fig = _new_figure(6.8, 4.3)
     ax = fig.add_subplot()
+    lines: list[tuple[str, pd.DataFrame, str]]
     if series_col:
+        if objective is None:
+            raise ValueError("line_chart: one line per series_col value needs the objective")
         lines = [(str(s), sub, objective) for s, sub in ok.groupby(series_col, sort=False)]
     else:
         lines = [(metric_label(m, k), ok, m) for m in metrics if m in ok and ok[m].notna().any()]

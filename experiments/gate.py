@@ -33,6 +33,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from experiments import metric_info as MI
 from experiments.stats import has_value, paired_bootstrap, shared_ids
@@ -69,7 +70,10 @@ class GateResult:
         direction = " (lower is better)" if self.lower_is_better else ""
         holds = "holds" if self.passed else "does not hold"
         inclusive = self.test == "non-inferiority"
-        compared = (">=" if inclusive else ">") if self.passed else ("<" if inclusive else "<=")
+        if self.passed:
+            compared = ">=" if inclusive else ">"
+        else:
+            compared = "<" if inclusive else "<="
         return (f"{word}: {self.metric}{direction} candidate {self.candidate_mean:.4f} vs baseline "
                 f"{self.baseline_mean:.4f} over {self.n} shared questions, difference {self.diff:+.4f} "
                 f"[{self.ci_low:+.4f}, {self.ci_high:+.4f}] ({self.confidence:.0%} paired bootstrap); {self.test} "
@@ -207,7 +211,7 @@ def values_of(path: Path, metric: str, qrels: Path | None, k: int) -> dict[str, 
 # ---- command line ------------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not the usage block: CI logs show it whole
+    def error(self, message: str) -> NoReturn:  # one line, not the usage block: CI logs show it whole
         print(f"gate: error: {message} (python -m experiments.gate --help)", file=sys.stderr)
         sys.exit(2)
 
@@ -258,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_json(path: Path, doc: str) -> None:
-    from rag.cache import atomic_write_text
+    from rag.atomic import atomic_write_text
 
     try:
         atomic_write_text(path, doc + "\n")

@@ -6,21 +6,15 @@ Policy of `default-src 'none'` forbids the page to fetch anything. It can be mai
 a paper's supplement and opened offline in any browser.
 
 Everything statistical comes from the Report (experiments.report.analyze): nothing is computed
-twice. What is added here is presentational: the per-run configuration, the metric glossary, the
-per-question table and, per question and run, the ranked contexts with the span of each chunk that
-matches the ground truth (the labelled span when the records carry one, else the sentence or
-window with the most content words in common with the ground truth: cheap and deterministic).
-
-Large runs stay usable: context texts are cut to `max_context_chars` around their matching span,
-lower still when the distinct texts would exceed TEXT_BUDGET_CHARS, and identical strings (a chunk
-retrieved by several runs, or for several questions) are stored once.
+twice. What is added here is presentational: the per-run configuration, the metric glossary and
+the page itself; the per-question evidence the page embeds (every question and run, the ranked
+contexts with the span of each chunk that matches the ground truth) is experiments.page_data's.
 """
 from __future__ import annotations
 
 import html
 import json
 import logging
-import math
 import re
 import tempfile
 import time
@@ -30,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from experiments import metric_info as MI
+from experiments.page_data import Header, page_json
 from experiments.stats import has_value
 
 if TYPE_CHECKING:
@@ -39,249 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TEMPLATES = Path(__file__).parent / "templates"
-TEXT_BUDGET_CHARS = 14_000_000  # distinct context text kept in one page (about 14 MB of UTF-8 for ASCII)
-MAX_DATA_BYTES = 22_000_000  # the embedded data, all told: keeps the page under 25 MB
-MIN_CONTEXT_CHARS = 240
-KNOWN_RETRIEVED = {"rank", "chunk_id", "doc_id", "score", "sim_to_truth", "relevant", "text"}
-SPAN_FIELDS = ("span", "label_span", "relevant_span", "evidence_span", "match_span")
-STOPWORDS = frozenset(
-    "a an the of to in on for and or but is are was were be been being it its this that these those with as by "
-    "at from into than then so if not no do does did can could should would will may might must has have had "
-    "which who whom what when where why how there their they them he she his her we our you your i me my".split())
-_WORD = re.compile(r"\w+", re.UNICODE)
-_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n\s*\n|\n(?=\s*[-*•\d])")
-WINDOW_WORDS = 40
-
-
-# ---------------------------------------------------------------------------------------------
-# the span of a chunk that matches the ground truth
-
-
-def content_words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in STOPWORDS}
-
-
-def match_span(text: str, truth_words: set[str]) -> tuple[int, int] | None:
-    """The piece of `text` (a sentence, or a window of WINDOW_WORDS words inside run-on text)
-    sharing the most content words with the ground truth, scored by the cosine of the two word
-    sets so that a long piece does not win by size alone; None below 2 shared words."""
-    if not truth_words or not text:
-        return None
-    bounds = [m.start() for m in _SENTENCE_END.finditer(text)]
-    bounds.append(len(text) + 1)
-    best, best_score = None, 0.0
-    b, piece_start, piece_end, count = 0, 0, 0, 0
-    words: set[str] = set()
-
-    def close() -> None:
-        nonlocal best, best_score
-        shared = len(words & truth_words)
-        if shared >= 2:
-            score = shared / math.sqrt(len(words) * len(truth_words))
-            if score > best_score:
-                best, best_score = (piece_start, piece_end), score
-
-    for m in _WORD.finditer(text):
-        s = m.start()
-        if s >= bounds[b] or count >= WINDOW_WORDS:
-            close()
-            while s >= bounds[b]:
-                b += 1
-            words, count, piece_start = set(), 0, s
-        w = m.group().lower()
-        if len(w) > 1 and w not in STOPWORDS:
-            words.add(w)
-        count += 1
-        piece_end = m.end()
-    close()
-    if best is None:
-        return None
-    s, e = best
-    # a sentence's closing punctuation belongs to it
-    while e < len(text) and text[e] in ".!?;:)\"'":
-        e += 1
-    return s, e
-
-
-def labelled_span(entry: dict[str, Any]) -> tuple[int, int] | None:
-    for f in SPAN_FIELDS:
-        v = entry.get(f)
-        if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, int) for x in v) and v[0] < v[1]:
-            return int(v[0]), int(v[1])
-    return None
-
-
-def cut(text: str, span: tuple[int, int] | None, limit: int) -> tuple[str, int, int]:
-    """`text` cut to `limit` characters around `span` (kept whole when it fits), with the span's
-    new offsets (-1, -1 when none)."""
-    s, e = span if span else (-1, -1)
-    if len(text) <= limit:
-        return text, s, e
-    if span is None:
-        return text[:limit] + "…", -1, -1
-    start = max(0, min(s - limit // 4, len(text) - limit))
-    end = min(len(text), start + limit)
-    piece = ("…" if start else "") + text[start:end] + ("…" if end < len(text) else "")
-    off = start - (1 if start else 0)
-    ns, ne = max(s - off, 1 if start else 0), min(e - off, len(piece) - (1 if end < len(text) else 0))
-    return piece, (ns if ne > ns else -1), (ne if ne > ns else -1)
-
-
-def context_limit(lengths: list[int], max_chars: int, budget: int = TEXT_BUDGET_CHARS) -> int:
-    """The longest cut (at most max_chars) under which the distinct texts fit the budget."""
-    def total(limit: int) -> int:
-        return sum(min(n, limit) for n in lengths)
-
-    if total(max_chars) <= budget:
-        return max_chars
-    lo, hi = MIN_CONTEXT_CHARS, max_chars
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if total(mid) <= budget else (lo, mid - 1)
-    log.info("report.html: %d distinct context texts; each cut to %d characters", len(lengths), lo)
-    return lo
-
-
-# ---------------------------------------------------------------------------------------------
-# the embedded data
-
-
-def source_label(doc_id: str | None) -> str:
-    """'pmid:123' -> 'PubMed PMID 123', 'man:fcntl.2' -> 'man page fcntl(2)', 'torch:x.y' ->
-    'PyTorch x.y': the names rag.context.source_label gives v4's context labels (a test keeps the
-    two in step), without importing the pipeline (and FAISS) into the report."""
-    if not doc_id:
-        return ""
-    kind, _, rest = str(doc_id).partition(":")
-    if not rest:
-        return str(doc_id)
-    if kind == "man":
-        name, _, section = rest.rpartition(".")
-        return f"man page {name}({section})" if name else f"man page {rest}"
-    return {"pmid": "PubMed PMID ", "torch": "PyTorch ", "torchdoc": "PyTorch docs "}.get(kind, f"{kind}:") + rest
-
-
-class Strings:
-    """One table for every repeated string (texts, chunk ids, document ids): stored once, referred
-    to by index."""
-
-    def __init__(self) -> None:
-        self.index: dict[str, int] = {}
-        self.values: list[str] = []
-
-    def __call__(self, s: str | None) -> int:
-        if s is None:
-            return -1
-        i = self.index.get(s)
-        if i is None:
-            i = self.index[s] = len(self.values)
-            self.values.append(s)
-        return i
-
-
-def _num(v: Any, digits: int = 4) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None if v is None else float(v)
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return round(f, digits) if math.isfinite(f) else None
-
-
-def _labels(entry: dict[str, Any], source: str | None) -> dict[str, Any]:
-    """The relevance labels a retrieved entry carries (any field the scorer added beyond the known
-    ones); without any, whether the chunk comes from the question's source document."""
-    extra = {k: v for k, v in entry.items() if k not in KNOWN_RETRIEVED and k not in SPAN_FIELDS
-             and isinstance(v, (bool, int, float, str)) and v is not None}
-    if extra:
-        return extra
-    if source:
-        return {"source document": entry.get("doc_id") == source}
-    return {}
-
-
-def question_data(rep: Report, records: list[RunRecord], max_chars: int,
-                  budget: int = TEXT_BUDGET_CHARS) -> dict[str, Any]:
-    """Questions (union over the successful runs, in order of first appearance) with, per run, the
-    metrics, answer, ranked contexts (with their matching span) and the contexts given to the LLM."""
-    from experiments import faults as F
-    from experiments.verdict import question_values
-
-    ok = [(i, r) for i, r in enumerate(records) if r.ok]
-    metrics = rep.metrics
-    classes = [F.run_classes(rec) for _, rec in ok]
-    moved = [{**{q: 1 for q in t["ids"]["fixed"]}, **{q: -1 for q in t["ids"]["broken"]}}
-             for t in (rep.transitions.get(lab, {"ids": {"fixed": [], "broken": []}}) for lab in rep.ok_labels)]
-    questions: dict[str, dict[str, Any]] = {}
-    per_run: list[dict[str, dict[str, Any]]] = []
-    for _, rec in ok:
-        rows = {}
-        for r in rec.per_question():
-            if "id" not in r:
-                continue
-            qid = str(r["id"])
-            rows[qid] = r
-            if qid not in questions:
-                questions[qid] = {"id": qid, "q": r.get("question", ""), "g": r.get("ground_truth", ""),
-                                  "sid": r.get("source"), "c": r.get("corpus") or "unlabelled"}
-        per_run.append(rows)
-    latency = [question_values(rec, MI.LATENCY) if MI.LATENCY in metrics else {} for _, rec in ok]
-
-    # Pass 1: every text with its matching span; then one length limit that fits the budget.
-    truth_words = {qid: content_words(q["g"] or "") for qid, q in questions.items()}
-    spans: dict[tuple[str, str], tuple[int, int] | None] = {}
-    pending: list[tuple[str, tuple[int, int] | None]] = []
-
-    def span_of(text: str, qid: str, entry: dict[str, Any] | None = None) -> tuple[int, int] | None:
-        given = labelled_span(entry) if entry else None
-        if given:
-            return given
-        key = (qid, text)
-        if key not in spans:
-            spans[key] = match_span(text, truth_words[qid])
-        return spans[key]
-
-    for rows in per_run:
-        for qid, r in rows.items():
-            for e in r.get("retrieved") or []:
-                pending.append((e.get("text") or "", span_of(e.get("text") or "", qid, e)))
-            for c in r.get("contexts") or []:
-                pending.append((c.get("text") or "", span_of(c.get("text") or "", qid)))
-    limit = context_limit([len(t) for t in {t for t, _ in pending}], max_chars, budget)
-
-    strings, labels = Strings(), Strings()  # labels: distinct label sets, as JSON
-    out_questions = []
-    for qid, q in questions.items():
-        runs = []
-        for j, rows in enumerate(per_run):
-            r = rows.get(qid)
-            if r is None:
-                runs.append(None)
-                continue
-            ret = []
-            for e in r.get("retrieved") or []:
-                text, hs, he = cut(e.get("text") or "", span_of(e.get("text") or "", qid, e), limit)
-                ret.append([e.get("rank"), strings(str(e.get("chunk_id", ""))), strings(e.get("doc_id")),
-                            _num(e.get("score")), _num(e.get("sim_to_truth")), 1 if e.get("relevant") else 0,
-                            strings(text), hs, he, labels(json.dumps(_labels(e, q["sid"]), sort_keys=True))])
-            ctx = []
-            for c in r.get("contexts") or []:
-                text, hs, he = cut(c.get("text") or "", span_of(c.get("text") or "", qid), limit)
-                ctx.append([c.get("label") or "", strings(text), hs, he])
-            lat = r.get("latency_ms") if isinstance(r.get("latency_ms"), dict) else {}
-            values = [_num(latency[j].get(qid)) if m == MI.LATENCY else _num(r.get(m)) for m in metrics]
-            fault = classes[j].get(qid)
-            runs.append({"m": values, "a": strings(r["answer"]) if isinstance(r.get("answer"), str) else -1,
-                         "lat": {k: _num(v, 1) for k, v in lat.items()}, "r": ret, "x": ctx,
-                         "f": F.CLASSES.index(fault) if fault else -1,
-                         "t": moved[j].get(qid, 0) if j < len(moved) else 0})
-        out_questions.append({**q, "s": source_label(q["sid"]), "r": runs})
-    doc_ids = {e.get("doc_id") for rows in per_run for r in rows.values() for e in r.get("retrieved") or []}
-    return {"questions": out_questions, "strings": strings.values, "labels": [json.loads(x) for x in labels.values],
-            "fault_classes": [F.WORDS[c] for c in F.CLASSES],
-            "context_limit": limit,
-            "docs": {d: source_label(d) for d in sorted(doc_ids - {None}) if source_label(d) != d}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,9 +94,10 @@ def config_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
     """Every config key of every run; keys whose values differ first (those are highlighted)."""
     flat = [flatten(r.config or {}) for r in records]
     keys = list(dict.fromkeys(k for f in flat for k in f))
-    rows = [{"key": k, "values": [f.get(k, "") for f in flat]} for k in keys]
-    for r in rows:
-        r["differs"] = len(set(r["values"])) > 1
+    rows: list[dict[str, Any]] = []
+    for k in keys:
+        values = [f.get(k, "") for f in flat]
+        rows.append({"key": k, "values": values, "differs": len(set(values)) > 1})
     return sorted(rows, key=lambda r: not r["differs"])
 
 
@@ -357,11 +110,12 @@ def _result_rows(rep: Report) -> list[dict[str, Any]]:
         for m in rep.metrics:
             v = row.get(m)
             c = cmp.get((lab, m))
-            cell = {"value": MI.fmt(m, v) if has_value(v) else "",
-                    "ci": f"[{MI.fmt(m, row.get(f'{m}_ci_low'))}, {MI.fmt(m, row.get(f'{m}_ci_high'))}]",
-                    "marker": "", "cls": "", "diff": "", "p": ""}
+            cell: dict[str, Any] = {
+                "value": MI.fmt(m, v) if has_value(v) else "",
+                "ci": f"[{MI.fmt(m, row.get(f'{m}_ci_low'))}, {MI.fmt(m, row.get(f'{m}_ci_high'))}]",
+                "marker": "", "cls": "", "diff": "", "p": ""}
             if c is not None:
-                cell.update(marker=c["marker"], cls=("better" if c["better"] else "worse") if c["significant"] else "",
+                cell.update(marker=c["marker"], cls=_significance_class(c),
                             diff=f"{MI.fmt(m, c['diff'], True)} [{MI.fmt(m, c['ci_low'], True)}, "
                                  f"{MI.fmt(m, c['ci_high'], True)}]",
                             p=_p(c["p_value"]), p_holm=_p(c["p_holm"]), n=int(c["n"]),
@@ -418,14 +172,21 @@ def sample_notes(records: list[RunRecord]) -> list[str]:
     to are named when not every run took it: a report never hides that questions were left out."""
     from rag.corpus.slicing import Kept
 
-    ok = [r for r in records if r.ok and r.result is not None]
+    ok = [(r, r.result) for r in records if r.ok and r.result is not None]
     runs: dict[str, list[str]] = {}
-    for r in ok:
-        for key, entry in (r.result.slice or {}).items():
+    for r, result in ok:
+        for key, entry in (result.slice or {}).items():
             k = Kept.from_json(key, entry)
             if k.sampled:
                 runs.setdefault(k.line(), []).append(r.variant)
     return [line if len(names) == len(ok) else f"{line}: {', '.join(names)}" for line, names in runs.items()]
+
+
+def _significance_class(c: Any) -> str:
+    """A compared cell's CSS class: better or worse where significant after correction."""
+    if not c["significant"]:
+        return ""
+    return "better" if c["better"] else "worse"
 
 
 def _p(p: Any) -> str:
@@ -460,18 +221,9 @@ def render_html(rep: Report, records: list[RunRecord]) -> str:
     ok_labels = rep.ok_labels
     metric_meta = [{**MI.describe(m, k, tau_recall, tau_h), "short": MI.label(m, k)} for m in rep.metrics]
     key = headline_metrics(rep.objective, rep.metrics, 3)
-    budget = TEXT_BUDGET_CHARS
-    for _ in range(4):  # other fields (ids, answers, long labels) can outgrow the estimate: cut harder
-        qdata = question_data(rep, records, rep.settings.max_context_chars, budget)
-        data = {"runs": ok_labels, "baseline": rep.baseline, "metrics": metric_meta, "objective": rep.objective,
-                "key": key[:2], "tau_recall": tau_recall, **qdata}
-        payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        size = len(payload.encode("utf-8"))
-        if size <= MAX_DATA_BYTES or qdata["context_limit"] <= MIN_CONTEXT_CHARS:
-            break
-        budget = int(budget * 0.9 * MAX_DATA_BYTES / size)
-    # Nothing in the data may end the <script> element early: "</" and "<!--" escaped as JSON allows.
-    payload = payload.replace("</", "<\\/").replace("<!--", "\\u003c!--")
+    header: Header = {"runs": ok_labels, "baseline": rep.baseline, "metrics": metric_meta, "objective": rep.objective,
+                      "key": key[:2], "tau_recall": tau_recall}
+    payload, data = page_json(rep, records, header)
     best = best_run(rep)
     return _env().get_template("report.html.j2").render(
         title=rep.settings.title, source=rep.source, generated=time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -486,7 +238,7 @@ def render_html(rep: Report, records: list[RunRecord]) -> str:
         corpus_metrics=[MI.label(m, k) for m in rep.headline()], corpus_rows=corpus_rows(rep, rep.headline()),
         served=served_rows(rep),
         best=None if best is None else {"label": best["label"], "value": MI.fmt(rep.objective, best[rep.objective])},
-        n_questions=len(qdata["questions"]), context_limit=qdata["context_limit"], lower_note=MI.LOWER_NOTE,
+        n_questions=len(data["questions"]), context_limit=data["context_limit"], lower_note=MI.LOWER_NOTE,
         samples=sample_notes(records),
         data_json=payload, css=(TEMPLATES / "report.css").read_text(encoding="utf-8"),
         js=(TEMPLATES / "report.js").read_text(encoding="utf-8"), esc=html.escape,

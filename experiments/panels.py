@@ -54,6 +54,15 @@ def _value_axis(ax: Any, metric: str, k: Any, unit01: bool, top: float, room: fl
     ax.set_xlabel(R.axis_unit(metric, k), fontsize=7.5, labelpad=1)
 
 
+def _note_colour(note: str) -> str:
+    """Blue for a note that says better, vermilion for worse, else black."""
+    if note.endswith("better"):
+        return R.BETTER
+    if note.endswith("worse"):
+        return R.WORSE
+    return "black"
+
+
 def _hbars(ax: Any, pos: np.ndarray, means: np.ndarray, err: np.ndarray, height: float, shades: list[Any],
            hatches: list[str], notes: list[str], digits: int) -> float:
     """Horizontal bars with CI whiskers and the value (and note, e.g. '▲ better') after each
@@ -63,9 +72,8 @@ def _hbars(ax: Any, pos: np.ndarray, means: np.ndarray, err: np.ndarray, height:
     ends = means + err[1]
     for y, v, e, note in zip(pos, means, ends, notes):
         if np.isfinite(v):
-            colour = R.BETTER if note.endswith("better") else R.WORSE if note.endswith("worse") else "black"
             ax.text(e, y, f" {v:.{digits}f}{(' ' + note) if note else ''}", va="center", ha="left", fontsize=7.5,
-                    color=colour, fontweight="bold" if note else "normal")
+                    color=_note_colour(note), fontweight="bold" if note else "normal")
     return float(np.nanmax(ends)) if np.isfinite(ends).any() else 0.0
 
 
@@ -215,6 +223,9 @@ def corpus_figure(
         base_pos = np.arange(n_c)[::-1].astype(float)
         tops, unit01 = [], True
         for i, r in enumerate(runs):
+            legend = None  # the first panel names the runs
+            if idx == 0:
+                legend = r + (" (baseline)" if r in base else "")
             vals = np.array([sub["mean"].get((r, c), np.nan) for c in corpora], float)
             lo = np.array([sub["ci_low"].get((r, c), np.nan) for c in corpora], float)
             hi = np.array([sub["ci_high"].get((r, c), np.nan) for c in corpora], float)
@@ -223,7 +234,7 @@ def corpus_figure(
             pos = base_pos + 0.4 - height * (i + 0.5)
             ax.barh(pos, np.nan_to_num(vals), height, xerr=err, capsize=1.5, color=colours[i], edgecolor="black",
                     linewidth=0.5, hatch=HATCHES[i % len(HATCHES)], error_kw={"elinewidth": 0.7},
-                    label=(r + (" (baseline)" if r in base else "")) if idx == 0 else None)
+                    label=legend)
             tops.append(float(np.nanmax(vals + err[1])) if np.isfinite(vals).any() else 0.0)
             for y, v, e in zip(pos, vals, vals + err[1]):
                 if np.isfinite(v):

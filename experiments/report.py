@@ -15,7 +15,8 @@ Used at the end of every multirun (experiments.callbacks, in the sweep directory
   and the charts.
 - report.html: one self-contained page with all of it and every question (experiments.html_report).
 
-This module computes the report (`analyze`) and writes its markdown; experiments.report_files
+This module computes the report (`analyze`) and its markdown (the numbers here, the layout in
+templates/summary.md.j2 and templates/method.md.j2); experiments.report_files
 writes every file, report.html included, so that the HTML writer can build on this module without
 this module importing it.
 """
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import numpy as np
 import pandas as pd
 
@@ -43,6 +45,7 @@ from experiments.stats import PERMUTATIONS
 
 log = logging.getLogger(__name__)
 
+TEMPLATES = Path(__file__).parent / "templates"
 # Preferred axes of a grid heatmap (x, y) when they vary; otherwise the first two numeric ones.
 GRID_X_PREFERENCE = ("fusion.alpha", "chunker.chunk_overlap", "eval.k", "retriever.candidates", "reranker.top_n")
 GRID_Y_PREFERENCE = ("chunker.chunk_size",)
@@ -144,7 +147,7 @@ def latency_columns(records: list[RunRecord], frame: pd.DataFrame, settings: Rep
     cols: dict[str, list[float]] = {MI.LATENCY: [], f"{MI.LATENCY}_ci_low": [], f"{MI.LATENCY}_ci_high": [],
                                     f"{MI.LATENCY}_n": []}
     for rec in records:
-        v = np.array([x for x in V.question_values(rec, MI.LATENCY).values() if x is not None], float) if rec.ok else []
+        v = np.array([x for x in V.question_values(rec, MI.LATENCY).values() if x is not None] if rec.ok else [], float)
         lo, hi = bootstrap_ci(v, resamples, settings.confidence, seed) if len(v) else (np.nan, np.nan)
         for c, x in zip(cols, (float(np.mean(v)) if len(v) else np.nan, lo, hi, len(v))):
             cols[c].append(x)
@@ -223,13 +226,31 @@ def make_charts(rep: Report, out_dir: Path, formats: tuple[str, ...]) -> list[Pa
     if not chose or len(numeric) >= 3:
         paths += C.jobs_chart(frame, objective, out_dir, k=k, formats=formats)
     if len(ok) >= 2:
-        group = numeric[0] if numeric else (varying[0] if varying else None)
+        group = next(iter(numeric + varying), None)  # a numeric parameter first
         paths += C.latency_chart(frame, out_dir, k=k, group_col=group, formats=formats, objective=objective)
     if not rep.by_corpus.empty and rep.by_corpus["corpus"].nunique() >= 2:
         paths += P.corpus_chart(rep.by_corpus, rep.headline(), out_dir, k=k, formats=formats, frame=frame,
                                 objective=objective)
     paths += P.win_tie_loss_chart(rep.comparison, rep.headline(), out_dir, rep.baseline, k=k, formats=formats)
     return paths
+
+
+def markdown_env() -> jinja2.Environment:
+    """The templates of the markdown this module writes: no escaping (markdown, not HTML), the
+    file's last newline kept, and the filters that lay out tables and prose."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    env.filters.update(row=_md_row, rule=_md_rule, paragraph=_paragraph)
+    return env
+
+
+def _md_rule(header: list[str]) -> str:
+    return "|" + "---|" * len(header)
+
+
+def _paragraph(text: str) -> str:
+    """Prose a template writes over several lines, as the one line markdown shows it."""
+    return " ".join(line.strip() for line in text.strip().splitlines()) + "\n"
 
 
 def _cell(row: pd.Series, m: str, marker: str) -> str:
@@ -255,178 +276,144 @@ def best_run(rep: Report) -> pd.Series | None:
 
 
 def method_note(rep: Report) -> str:
-    """How the comparisons are made, for the footnote of summary.md and report.html."""
+    """How the comparisons are made, for the footnote of summary.md and report.html
+    (templates/method.md.j2)."""
     s = rep.settings
-    return (f"Each run is compared with the baseline {rep.baseline} question by question, over the question "
-            f"ids both runs scored (n per comparison in comparison.csv). The interval is a paired bootstrap "
-            f"(question ids resampled jointly) 95% percentile CI of the mean difference; it is per comparison, "
-            f"not adjusted. The p-value is a two-sided paired randomization (sign-flip) test: under 'no "
-            f"difference' each question's two values are exchangeable, so every per-question difference is as "
-            f"likely with either sign; exact when 2^n ≤ {s.permutations:,} sign patterns, else {s.permutations:,} "
-            f"random patterns with the +1 correction (a valid p-value, never below 1/{s.permutations + 1:,}). "
-            f"It is used rather than the share of bootstrap means beyond zero because it is a test under the "
-            f"null, which Holm's procedure needs, and it is the test recommended for IR evaluation (Smucker, "
-            f"Allan & Carterette 2007). Correction for multiple comparisons: Holm–Bonferroni step-down over "
-            f"all {rep.n_tests} compared (run, metric) cells, family-wise α = {rep.alpha:g}; ▲/▼ mark cells "
-            f"whose Holm-adjusted p-value is below α (▲ better, ▼ worse, in the metric's direction: on "
-            f"{MI.LOWER_MARK} metrics a fall is a ▲). Smallest detectable difference: (z(1−α′/2) + z(0.8)) · sd / √n, with sd the standard "
-            f"deviation of the per-question differences and n the shared questions (medians over the runs), "
-            f"at α′ = α/m, Holm's strictest step (conservative), and at the nominal α.")
+    return markdown_env().get_template("method.md.j2").render(
+        baseline=rep.baseline, permutations=f"{s.permutations:,}", permutations_plus_one=f"{s.permutations + 1:,}",
+        n_tests=rep.n_tests, alpha=f"{rep.alpha:g}", lower_mark=MI.LOWER_MARK,
+    ).removesuffix("\n")
 
 
 def summary_markdown(rep: Report, k: Any, source: str) -> str:
+    """summary.md: `summary_view`'s numbers laid out by templates/summary.md.j2."""
+    return markdown_env().get_template("summary.md.j2").render(summary_view(rep, k, source))
+
+
+def summary_view(rep: Report, k: Any, source: str) -> dict[str, Any]:
+    """Everything summary.md shows, formatted: its sentences' numbers and its tables' cells."""
     frame = rep.frame
     ok = frame[frame["status"] == "ok"]
     failed = frame[frame["status"] != "ok"]
-    lines = [f"# {rep.settings.title}", ""]
-    if rep.verdict:
-        lines += ["## Verdict", "", rep.verdict, ""]
-    if source:
-        lines.append(f"{source}  ")
-    direction = "lower" if MI.lower_is_better(rep.objective) else "higher"
-    lines.append(f"{len(frame)} jobs: {len(ok)} ok, {len(failed)} failed. Objective: "
-                 f"**{C.metric_label(rep.objective, k)}** (`{rep.objective}`, {direction} is better). "
-                 f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}.")
-    if rep.varying:
-        lines.append(f"Varying: {', '.join(f'`{v}`' for v in rep.varying)}.")
-    lines.append("")
     best = best_run(rep)
-    if best is not None:
-        o = rep.objective
-        job = f" (job {best['job']})" if str(best["job"]) != "" else ""
-        lines.append(f"Best: **{best['label']}**{job}: {C.metric_label(o, k)} = "
-                     f"{_cell(best, o, '')}.")
-        lines.append("")
-
     markers = {(str(r["label"]), r["metric"]): r["marker"] for _, r in rep.comparison.iterrows()} \
         if not rep.comparison.empty else {}
-    lines += ["## Results", ""]
-    if rep.baseline is not None and rep.n_tests:
-        lines.append(f"Mean [95% bootstrap CI] per metric. Baseline: **{rep.baseline}**. "
-                     f"{MI.MARKER_NOTE.format(baseline='the baseline')}, significant after Holm's correction over "
-                     f"{rep.n_tests} comparisons "
-                     f"(α = {rep.alpha:g}; see Method). {MI.LOWER_NOTE}.")
-        lines.append("")
-    header = ["job", "run", "status"] + [C.metric_label(m, k) for m in rep.metrics]
-    lines += [_md_row(header), "|" + "---|" * len(header)]
-    for _, row in frame.iterrows():
-        label = str(row["label"]) + (" (baseline)" if str(row["label"]) == rep.baseline else "")
-        cells = [str(row["job"]), label, str(row["status"])]
-        cells += [_cell(row, m, markers.get((str(row["label"]), m), "")) for m in rep.metrics]
-        lines.append(_md_row(cells))
-    lines.append("")
-    lines += differences_markdown(rep, k)
-
-    if not failed.empty:
-        lines += ["## Failed jobs", ""]
-        lines.append(markdown_table(failed, ["job", "label", "error_type", "error", "overrides"]))
-        lines.append("")
-
-    lat = C.latency_column(ok) if not ok.empty else None
-    timing_cols = [c for c in [lat, "n_chunks", "n_questions"] if c and c in frame]
-    if timing_cols and not ok.empty:
-        lines += ["## Cost", ""]
-        t_cols = [c for c in frame.columns if c.startswith("t_") and c.endswith("_s")]
-        tf = ok.assign(t_total_s=ok[t_cols].sum(axis=1, min_count=1)) if t_cols else ok
-        for c in ("n_chunks", "n_questions"):
-            if c in tf:
-                tf = tf.assign(**{c: tf[c].astype("Int64")})
-        lines.append(markdown_table(tf, ["job", "label", *timing_cols, *(["t_total_s"] if t_cols else [])], digits=2))
-        lines.append("")
-        served = [c for c in frame.columns if c.endswith("_requests") or c.startswith("cost_")]
-        if served:
-            lines += ["Requests sent to served models and what they cost (`pricing` in the config; answers and "
-                      "judgements from the cache cost nothing again):", ""]
-            lines.append(markdown_table(ok, ["job", "label", *served, *(["currency"] if "currency" in ok else [])],
-                                        digits=4))
-            lines.append("")
-
-    if rep.charts:
-        lines += ["## Charts", ""]
-        svgs = {q.with_suffix("") for q in rep.charts if q.suffix == ".svg"}
-        for p in rep.charts:
-            if p.suffix == ".png":
-                rel = p.relative_to(rep.out_dir)
-                lines.append(f"![{p.stem}]({rel.as_posix()})  ")
-                also = f" (also `{rel.with_suffix('.svg').as_posix()}`)" if p.with_suffix("") in svgs else ""
-                lines.append(f"`{rel.as_posix()}`{also}")
-                lines.append("")
-    if rep.baseline is not None and rep.n_tests:
-        lines += ["## Method", "", method_note(rep), ""]
-    lines += ["Files: `summary.csv` (one row per job: overrides, every metric with CI columns, status, error), "
-              "`comparison.csv` (paired differences vs the baseline, raw and Holm-adjusted p-values, minimum "
-              "detectable effect)" + (", `report.html` (everything above and every question, in one file: "
-                                      "open it in a browser)" if rep.settings.html else "") + ".", ""]
-    return "\n".join(lines)
+    results = [[str(row["job"]), _run_label(rep, row), str(row["status"])]
+               + [_cell(row, m, markers.get((str(row["label"]), m), "")) for m in rep.metrics]
+               for _, row in frame.iterrows()]
+    view: dict[str, Any] = {
+        "title": rep.settings.title, "verdict": rep.verdict, "source": source,
+        "jobs": len(frame), "ok": len(ok), "failed": len(failed),
+        "objective": rep.objective, "objective_label": C.metric_label(rep.objective, k),
+        "direction": "lower" if MI.lower_is_better(rep.objective) else "higher",
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "varying": ", ".join(f"`{v}`" for v in rep.varying),
+        "best": None if best is None else _best_view(best, rep.objective),
+        "compared": rep.baseline is not None and bool(rep.n_tests), "baseline": rep.baseline,
+        "marker_note": MI.MARKER_NOTE.format(baseline="the baseline"), "n_tests": rep.n_tests,
+        "alpha": f"{rep.alpha:g}", "lower_note": MI.LOWER_NOTE, "k": k,
+        "results": _table(["job", "run", "status"] + [C.metric_label(m, k) for m in rep.metrics], results),
+        "failed_table": None if failed.empty else markdown_table(failed, ["job", "label", "error_type", "error",
+                                                                          "overrides"]),
+        "charts": _chart_entries(rep) if rep.charts else None,
+        "method": method_note(rep) if rep.baseline is not None and rep.n_tests else "",
+        "html": rep.settings.html,
+    }
+    view.update(_comparison_tables(rep, k))
+    view.update(_cost_tables(frame, ok))
+    return view
 
 
-def differences_markdown(rep: Report, k: Any) -> list[str]:
-    lines: list[str] = []
+def _best_view(best: pd.Series, objective: str) -> dict[str, Any]:
+    job = str(best["job"])
+    return {"label": best["label"], "job": f" (job {job})" if job != "" else "", "value": _cell(best, objective, "")}
+
+
+def _table(header: list[str], rows: list[list[str]]) -> dict[str, Any]:
+    return {"header": header, "rows": rows}
+
+
+def _run_label(rep: Report, row: pd.Series) -> str:
+    return str(row["label"]) + (" (baseline)" if str(row["label"]) == rep.baseline else "")
+
+
+def _difference_cell(m: str, r: pd.Series | None) -> str:
+    if r is None:
+        return ""
+    return (f"{MI.fmt(m, r['diff'], True)} [{MI.fmt(m, r['ci_low'], True)}, {MI.fmt(m, r['ci_high'], True)}] "
+            f"p={V.p_text(r['p_holm'])} {r['marker']}").rstrip()
+
+
+def _comparison_tables(rep: Report, k: Any) -> dict[str, Any]:
+    """The tables against the baseline: differences, fault classes (and what each run fixes and
+    breaks), win / tie / loss, and the smallest detectable differences; None where there is none."""
+    out: dict[str, Any] = {"differences": None, "faults": None, "transitions": None, "wins": None,
+                           "detectable": None}
     cmp = rep.comparison
     if cmp.empty:
-        return lines
+        return out
     diffs = {(str(r["label"]), r["metric"]): r for _, r in cmp.iterrows()}
     metrics = [m for m in rep.metrics if m in set(cmp["metric"])]
+    runs = list(dict.fromkeys(str(x) for x in cmp["label"]))
+    header = ["run"] + [C.metric_label(m, k) for m in metrics]
     lo, hi = int(cmp["n"].min()), int(cmp["n"].max())
-    n = str(lo) if lo == hi else f"{lo}–{hi}"
-    lines += [f"## Differences vs baseline ({rep.baseline})", "",
-              f"Mean per-question difference (run − baseline) over the {n} questions both share "
-              f"[paired bootstrap 95% CI], Holm-adjusted p-value; ▲/▼ (better/worse) where p(Holm) < {rep.alpha:g}.", ""]
-    lines += [_md_row(["run"] + [C.metric_label(m, k) for m in metrics]), "|" + "---|" * (len(metrics) + 1)]
-    for lab in dict.fromkeys(str(x) for x in cmp["label"]):
-        cells = [lab]
-        for m in metrics:
-            r = diffs.get((lab, m))
-            cells.append("" if r is None else (
-                f"{MI.fmt(m, r['diff'], True)} [{MI.fmt(m, r['ci_low'], True)}, {MI.fmt(m, r['ci_high'], True)}] "
-                f"p={V.p_text(r['p_holm'])} {r['marker']}").rstrip())
-        lines.append(_md_row(cells))
-    lines.append("")
+    out["differences"] = {"n": str(lo) if lo == hi else f"{lo}–{hi}", **_table(
+        header, [[lab] + [_difference_cell(m, diffs.get((lab, m))) for m in metrics] for lab in runs])}
     if not rep.faults.empty:
-        lines += ["## Why: questions per fault class", "",
-                  "Each question's class, first match wins: retrieval miss (source document not in the top "
-                  f"{k}), ranking (retrieved, not first), generation miss (first, answer far from the truth), "
-                  "ungrounded answer (close to the truth, not to the contexts), correct "
-                  "(experiments/faults.py; answer thresholds: eval.tau_h).", ""]
-        lines += [_md_row(["run"] + [F.WORDS[c] for c in F.CLASSES]), "|" + "---|" * (len(F.CLASSES) + 1)]
-        for _, r in rep.faults.iterrows():
-            lines.append(_md_row([str(r["run"])] + [str(int(r[c])) for c in F.CLASSES]))
-        lines.append("")
+        out["faults"] = _table(["run"] + [F.WORDS[c] for c in F.CLASSES],
+                               [[str(r["run"])] + [str(int(r[c])) for c in F.CLASSES] for _, r in rep.faults.iterrows()])
         if rep.transitions:
-            lines += [f"Against the baseline ({rep.baseline}), on the questions both classify (a question only "
-                      "one of them answered is classed by retrieval in both):", ""]
-            lines += [_md_row(["run", "questions", "fixed", "broken", "fixed ids (first 10)", "broken ids (first 10)"]),
-                      "|---|---|---|---|---|---|"]
-            for lab, t in rep.transitions.items():
-                lines.append(_md_row([lab, str(t["shared"]), F.fixed_words(t), F.broken_words(t),
-                                      ", ".join(t["ids"]["fixed"][:10]), ", ".join(t["ids"]["broken"][:10])]))
-            lines.append("")
+            out["transitions"] = _table(
+                ["run", "questions", "fixed", "broken", "fixed ids (first 10)", "broken ids (first 10)"],
+                [[lab, str(t["shared"]), F.fixed_words(t), F.broken_words(t), ", ".join(t["ids"]["fixed"][:10]),
+                  ", ".join(t["ids"]["broken"][:10])] for lab, t in rep.transitions.items()])
     if "wins" in cmp:
-        lines += [f"## Win / tie / loss vs baseline ({rep.baseline})", "",
-                  "Questions on which the run does better / the same / worse than the baseline (for ↓ metrics, "
-                  "lower is the win), over the questions both share.", ""]
-        lines += [_md_row(["run"] + [C.metric_label(m, k) for m in metrics]), "|" + "---|" * (len(metrics) + 1)]
-        for lab in dict.fromkeys(str(x) for x in cmp["label"]):
-            cells = [lab]
-            for m in metrics:
-                r = diffs.get((lab, m))
-                cells.append("" if r is None else f"{int(r['wins'])} / {int(r['ties'])} / {int(r['losses'])}")
-            lines.append(_md_row(cells))
-        lines.append("")
+        out["wins"] = _table(header, [[lab] + [_wins_cell(diffs.get((lab, m))) for m in metrics] for lab in runs])
     if not rep.mde.empty and rep.mde["mde"].notna().any():
-        lines += ["## Smallest detectable difference", "",
-                  "The difference a paired test would find with 80% power at these question counts: a metric "
-                  "whose difference is below it may still differ (\"no difference\" can mean \"not enough "
-                  "questions\").", "",
-                  _md_row(["metric", f"detectable (α/m = {rep.alpha:g}/{max(rep.n_tests, 1)})",
-                           f"detectable (α = {rep.alpha:g})", "sd of differences", "questions", "basis"]),
-                  "|---|---|---|---|---|---|"]
-        for _, r in rep.mde.iterrows():
-            m = r["metric"]
-            lines.append(_md_row([C.metric_label(m, k), V.mde_text(m, r["mde"]), V.mde_text(m, r["mde_nominal"]),
-                                  MI.fmt(m, r["sd_diff"]), str(int(r["n"])), str(r["basis"])]))
-        lines.append("")
-    return lines
+        out["detectable"] = _table(
+            ["metric", f"detectable (α/m = {rep.alpha:g}/{max(rep.n_tests, 1)})", f"detectable (α = {rep.alpha:g})",
+             "sd of differences", "questions", "basis"],
+            [[C.metric_label(r["metric"], k), V.mde_text(r["metric"], r["mde"]),
+              V.mde_text(r["metric"], r["mde_nominal"]), MI.fmt(r["metric"], r["sd_diff"]), str(int(r["n"])),
+              str(r["basis"])] for _, r in rep.mde.iterrows()])
+    return out
+
+
+def _wins_cell(r: pd.Series | None) -> str:
+    return "" if r is None else f"{int(r['wins'])} / {int(r['ties'])} / {int(r['losses'])}"
+
+
+def _cost_tables(frame: pd.DataFrame, ok: pd.DataFrame) -> dict[str, str | None]:
+    """The Cost section's tables: latency, counts and stage time per run, and the requests sent to
+    served models with their cost; None where there is none."""
+    out: dict[str, str | None] = {"cost_table": None, "served_table": None}
+    lat = C.latency_column(ok) if not ok.empty else None
+    timing_cols = [c for c in [lat, "n_chunks", "n_questions"] if c and c in frame]
+    if not timing_cols or ok.empty:
+        return out
+    t_cols = [c for c in frame.columns if c.startswith("t_") and c.endswith("_s")]
+    tf = ok.assign(t_total_s=ok[t_cols].sum(axis=1, min_count=1)) if t_cols else ok
+    for c in ("n_chunks", "n_questions"):
+        if c in tf:
+            tf = tf.assign(**{c: tf[c].astype("Int64")})
+    out["cost_table"] = markdown_table(tf, ["job", "label", *timing_cols, *(["t_total_s"] if t_cols else [])], digits=2)
+    served = [c for c in frame.columns if c.endswith("_requests") or c.startswith("cost_")]
+    if served:
+        out["served_table"] = markdown_table(ok, ["job", "label", *served, *(["currency"] if "currency" in ok else [])],
+                                             digits=4)
+    return out
+
+
+def _chart_entries(rep: Report) -> list[dict[str, str]]:
+    """The PNG charts, each with its SVG twin when there is one, as paths relative to the report."""
+    svgs = {q.with_suffix("") for q in rep.charts if q.suffix == ".svg"}
+    out = []
+    for p in rep.charts:
+        if p.suffix == ".png":
+            rel = p.relative_to(rep.out_dir)
+            out.append({"name": p.stem, "path": rel.as_posix(),
+                        "svg": rel.with_suffix(".svg").as_posix() if p.with_suffix("") in svgs else ""})
+    return out
 
 
 def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | None = None,
@@ -478,8 +465,8 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
 def _fault_analysis(rep: Report, records: list[RunRecord], labels: list[str], base: int | None) -> None:
     """Questions per fault class for every run, what each run fixes and breaks against the
     baseline, and one sentence of it in the verdict (experiments.faults)."""
-    rows = [{"run": labels[i], **F.counts(rec)} for i, rec in enumerate(records) if rec.ok]
-    rep.faults = pd.DataFrame([r for r in rows if sum(r[c] for c in F.CLASSES)])
+    counts = [(labels[i], F.counts(rec)) for i, rec in enumerate(records) if rec.ok]
+    rep.faults = pd.DataFrame([{"run": lab, **n} for lab, n in counts if sum(n[c] for c in F.CLASSES)])
     if base is None or rep.faults.empty:
         return
     for i, rec in enumerate(records):

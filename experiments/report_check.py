@@ -155,7 +155,7 @@ def synthetic_runs(root: Path, questions: int = 1000, runs: int = 4, contexts: i
                          "answer": _text(rng, 30), **m,
                          "latency_ms": {"retrieve": float(rng.uniform(5, 15)), "rerank": 0.0},
                          "contexts": [{"label": "", "text": e["text"]} for e in retrieved[:5]]})
-        metrics = {}
+        metrics: dict[str, dict[str, Any]] = {}
         for n in names:
             v = np.array([x[n] for x in recs])
             lo, hi = bootstrap_ci(v, 200, seed=0)
@@ -212,6 +212,8 @@ def scale(out: Path, questions: int, runs: int, contexts: int) -> dict[str, Any]
     t0 = time.perf_counter()
     rep = build_report(load_records([out / "runs"]), out / "report", ReportSettings(title="Scale check", formats=("svg",)))
     build_s = time.perf_counter() - t0
+    if rep.html is None:
+        raise RuntimeError(f"{out / 'report'}: report.html was not written (the log says why)")
     res = {"questions": questions, "runs": runs, "contexts": contexts, "build_s": round(build_s, 2),
            "report": str(rep.html), **measure(rep.html)}
     (out / "report_scale.json").write_text(json.dumps(res, indent=2))

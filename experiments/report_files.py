@@ -14,7 +14,7 @@ from pathlib import Path
 from experiments.aggregate import RunRecord
 from experiments.html_report import write_html
 from experiments.report import Report, ReportSettings, analyze, make_charts, summary_markdown
-from rag.cache import atomic_write_text
+from rag.atomic import atomic_write_text
 from rag.rundir import REPORT_FILES, REPORT_MARKER, foreign_entry, report_listing
 from rag.types import RagError
 

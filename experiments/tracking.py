@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rag import strict_json
-from rag.cache import atomic_write_text
+from rag.atomic import atomic_write_text
 from rag.result import RunResult
 
 log = logging.getLogger(__name__)

@@ -108,6 +108,7 @@ def win_tie_loss(baseline: Mapping[str, float | None], other: Mapping[str, float
     wins = ties = losses = 0
     for q in shared_ids(baseline, other):
         a, b = baseline[q], other[q]
+        assert a is not None and b is not None  # shared_ids keeps the scored values only
         d = float(b) - float(a)
         if abs(d) <= 1e-9 * max(1.0, abs(float(a))):
             ties += 1
@@ -379,7 +380,7 @@ def headline_table(frame: pd.DataFrame, cmp: Comparison, metrics: list[str], bas
         markers = {(str(r["label"]), r["metric"]): r["marker"] for _, r in cmp.table.iterrows()}
     labels = [str(x) + (" (baseline)" if str(x) == baseline else "") for x in frame["label"]]
     first_w = min(max([len(x) for x in labels] + [3]), 40)
-    cells = {m: [] for m in metrics}
+    cells: dict[str, list[str]] = {m: [] for m in metrics}
     for (_, row), lab in zip(frame.iterrows(), labels):
         for m in metrics:
             cells[m].append("failed" if row["status"] != "ok" else _term_cell(row, m, markers.get((str(row["label"]), m), "")))

@@ -27,13 +27,16 @@ import re
 import sys
 import textwrap
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra import compose, initialize_config_dir
 
 from rag.cli import HelpFormatter, run_cli
 from rag.config import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
 from rag.types import RagError
+
+if TYPE_CHECKING:
+    from rag.session import Session
 
 # key=value, +key=value, ++key=value, ~key, ~key=value; a key is dotted names, group paths with /
 # and an optional @package.
@@ -66,13 +69,13 @@ def split_words(words: list[str]) -> tuple[str, list[str]]:
     return question, overrides
 
 
-def answer(session: Any, question: str, corpus: str | None = None) -> dict[str, Any]:
+def answer(session: Session, question: str, corpus: str | None = None) -> dict[str, Any]:
     """One question through retrieve -> rerank -> contexts -> generate, timed per stage."""
     from rag.query import retrieve_rerank
 
     filters = session.retriever.filters_for([corpus], [question])  # mode=router routes the text, not --corpus
     hits, retrieve_ms, rerank_ms = retrieve_rerank(session.retriever, session.reranker, question, filters[0],
-                                                   session.depth, session.chunk_set.chunks, session.settings.k,
+                                                   session.depth, session.chunk_set.chunks, session.score.k,
                                                    reuse=False)
     contexts = session.context_builder.build(hits, session.chunk_set)[0]
     t0 = time.perf_counter()

@@ -24,7 +24,8 @@ gives other keys, so the seed is never consulted for them.
 Records (one small JSON result each: an answer, a judgement, a question's scores) are checked like
 artifacts: the cache's own carry the sha256 of their body, the seed's are listed with the sha256 of
 their bytes in the seed's manifest (`SEED.json`). A record that fails its check, or is for another
-key, is reported by name and read as absent, so that its caller computes it again.
+key, is reported by name and read as absent, so that its caller computes it again (the checks:
+rag/cache_records.py).
 """
 from __future__ import annotations
 
@@ -44,23 +45,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rag.atomic import atomic_write_text, follow_umask, umask_mode
+from rag.cache_records import OLDER_RECORD, checked_record, parse_record, seed_record_sums
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 SEED_INDEX = "SEED.json"  # the seed's manifest: its artifacts, and its records' checksums (rag.seed)
-RECORD_SUMS = "record_sha256"  # SEED.json's {kind: {key: sha256 of the record's file}}
 KEY_CHARS = 20  # 80 bits of sha256: collision-free for any realistic cache
 # Files this process has hashed and found intact, by (path, size, mtime, inode): a file that is
 # rewritten or replaced gets a new stat and is hashed again. Files it built itself are not entered,
 # so that the first lookup after a build still reads what is on disk.
 _VERIFIED: dict[tuple[str, int, int, int], str] = {}
-# Damaged records already reported by this process, by the same stat: a record that several stages
-# look up is named once, and again only once it has been rewritten and damaged anew.
-_REPORTED: set[tuple[str, int, int, int]] = set()
-# The seed's record checksums, parsed once per version of its SEED.json.
-_SEED_SUMS: dict[Path, tuple[tuple[int, int, int], dict[str, Any]]] = {}
 
 
 def canonical_json(obj: Any) -> str:
@@ -79,61 +76,6 @@ def file_sha256(path: Path, bufsize: int = 1 << 20) -> str:
         while block := f.read(bufsize):
             h.update(block)
     return h.hexdigest()
-
-
-def process_umask() -> int:
-    """The process's umask, read without changing it (os.umask can only be read by setting it,
-    which would race with other threads creating files)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def umask_mode(directory: bool = False) -> int:
-    """The mode `open()` or `mkdir()` would give a new file or directory under the process umask.
-    tempfile's mkstemp/mkdtemp create 0600/0700 whatever the umask; what they stage is published
-    with this mode, so results on a shared folder are as readable as any file the user creates."""
-    return (0o777 if directory else 0o666) & ~process_umask()
-
-
-def _follow_umask(root: Path) -> None:
-    """Libraries that write into a cache build choose their own modes (safetensors writes 0600);
-    everything published in the cache gets the umask's modes like any file the user creates."""
-    files, dirs = umask_mode(), umask_mode(directory=True)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames:
-            os.chmod(os.path.join(dirpath, name), dirs)
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            if not os.path.islink(path):
-                os.chmod(path, files)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a result file so that a reader sees either the old file or the complete new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-    try:
-        os.fchmod(fd, umask_mode())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(e, OSError) and e.filename is None:  # a failed write() names no file: name it
-            raise OSError(e.errno, e.strerror, str(path)) from None
-        raise
 
 
 @dataclass(frozen=True)
@@ -185,7 +127,7 @@ class MemoryTier:
         "chunks": 4,            # chunk sets
         "candidates": 200_000,  # one question's candidate list (a few hundred bytes)
         "eval_vectors": 50_000, # the evaluation embedder's vector of one text (~1.5 KB)
-        "routers": 16,          # fitted source routers (rag.routing)
+        "routers": 16,          # fitted source routers (rag.retriever.routing)
     }
 
     def __init__(self) -> None:
@@ -374,7 +316,7 @@ class ArtifactCache:
                 t0 = time.perf_counter()
                 extra = dict(build(tmp) or {})
                 _test_pause(kind)
-                _follow_umask(tmp)
+                follow_umask(tmp)
                 files = {
                     p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
                     for p in sorted(tmp.iterdir())
@@ -409,7 +351,7 @@ class ArtifactCache:
         checksum (written by an older ragrig) is reported by name and read as absent: the caller
         computes it again and `put_record` replaces it. A record this cache lacks is read from the
         seed, where it lies, once its bytes match the seed's manifest."""
-        record = _checked_record(self.record_path(kind, key), key, _unseal, "record", "rebuilding it")
+        record = checked_record(self.record_path(kind, key), key, _unseal, "record", "rebuilding it")
         if record is None and self.seed is not None:
             record = self._seed_record(kind, key)
         return record
@@ -425,17 +367,17 @@ class ArtifactCache:
     def _seed_record(self, kind: str, key: str) -> dict[str, Any] | None:
         assert self.seed is not None
         index = self.seed / SEED_INDEX
-        expected = _seed_record_sums(index).get(kind, {}).get(key)
+        expected = seed_record_sums(index).get(kind, {}).get(key)
 
         def verify(raw: bytes) -> tuple[Any, str | None]:
             if not isinstance(expected, str):
                 return None, f"has no checksum in {index}"
             if hashlib.sha256(raw).hexdigest() != expected:
                 return None, f"is damaged (its sha256 differs from the one in {index})"
-            return _parse(raw)
+            return parse_record(raw)
 
-        return _checked_record(self.record_path(kind, key, self.seed), key, verify, "seed record",
-                               "computing it instead")
+        return checked_record(self.record_path(kind, key, self.seed), key, verify, "seed record",
+                              "computing it instead")
 
     @staticmethod
     def _remove_stale_tmp(parent: Path) -> None:
@@ -456,20 +398,9 @@ def _body_sha256(body: Any) -> str:
     return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
 
 
-def _parse(raw: bytes) -> tuple[Any, str | None]:
-    """(the JSON in `raw`, None) or (None, what is wrong with it)."""
-    try:
-        return json.loads(raw.decode("utf-8")), None
-    except (ValueError, UnicodeDecodeError):
-        return None, "is damaged (not valid JSON: truncated or overwritten)"
-
-
-OLDER_RECORD = "has no checksum (written by an older ragrig)"
-
-
 def _unseal(raw: bytes) -> tuple[Any, str | None]:
     """(a cache record's body, None) when its checksum holds, else (None, what is wrong)."""
-    data, problem = _parse(raw)
+    data, problem = parse_record(raw)
     if problem is not None:
         return None, problem
     if not (isinstance(data, dict) and set(data) == {"sha256", "body"}):
@@ -477,68 +408,6 @@ def _unseal(raw: bytes) -> tuple[Any, str | None]:
     if _body_sha256(data["body"]) != data["sha256"]:
         return None, "is damaged (its body does not match its sha256)"
     return data["body"], None
-
-
-def _checked_record(path: Path, key: str, verify: Callable[[bytes], tuple[Any, str | None]],
-                    what: str, remedy: str) -> dict[str, Any] | None:
-    """The record in `path` if `verify` passes it and it is `key`'s; None when there is none or
-    it fails (reported once per version of the file: "cache: <what> <path> <problem>; <remedy>")."""
-    try:
-        body, problem = verify(path.read_bytes())
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as e:  # a directory or an unreadable file where the record belongs
-        body, problem = None, f"is unreadable ({e.strerror})"
-    if problem is None and not isinstance(body, dict):
-        problem = "is damaged (not a JSON object)"
-    elif problem is None and body.get("key") != key:
-        problem = f"is damaged (it holds the record of key {body.get('key')!r}, not {key!r}: a moved or copied file)"
-    if problem is None:
-        return body
-    if problem == OLDER_RECORD:
-        # A cache from before records carried checksums holds many of them: one line per kind's
-        # folder, not one per record.
-        _report_once(path.parent.parent, f"cache: {what}s in {path.parent.parent} have no checksum (written by an "
-                                         "older ragrig); rebuilding each as it is read")
-        return None
-    _report_once(path, f"cache: {what} {path} {problem}; {remedy}")
-    return None
-
-
-def _report_once(path: Path, line: str) -> None:
-    try:
-        st = path.stat()
-        seen = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
-    except OSError:
-        seen = (str(path), -1, -1, -1)
-    if seen not in _REPORTED:
-        _REPORTED.add(seen)
-        log.warning("%s", line)
-
-
-def _seed_record_sums(index: Path) -> dict[str, Any]:
-    """{kind: {key: sha256}} from the seed's manifest; {} when it has none (then no seed record
-    is trusted). Parsed once per version of the file."""
-    try:
-        st = index.stat()
-    except OSError:
-        return {}
-    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-    cached = _SEED_SUMS.get(index)
-    if cached is not None and cached[0] == stamp:
-        return cached[1]
-    try:
-        data, problem = _parse(index.read_bytes())
-    except OSError as e:
-        data, problem = None, f"is unreadable ({e.strerror})"
-    sums = data.get(RECORD_SUMS) if isinstance(data, dict) else None
-    if problem is not None or not isinstance(sums, dict):
-        _report_once(index, f"cache: seed manifest {index} {problem or 'lists no record checksums'}; "
-                            "its records are computed instead")
-        sums = {}
-    sums = {kind: keys for kind, keys in sums.items() if isinstance(keys, dict)}
-    _SEED_SUMS[index] = (stamp, sums)
-    return sums
 
 
 def check_cache_root(root: Path, setting: str = "paths.cache or RAGRIG_CACHE") -> None:

@@ -8,7 +8,8 @@ few thousand rows, and the kernel's page cache, not the process, holds the rest.
 
 `ChunkWriter` appends chunks as the chunker produces them and records, after each shard of
 documents, how long every file was; a build killed with SIGKILL truncates its files to that
-record and goes on from the next document (rag.artifacts). `ChunkStore` reads a finished set.
+record and goes on from the next document (rag.artifacts for chunks, rag.corpus.loading for a
+corpus). `ChunkStore` reads a finished set.
 
 A corpus is stored in the same files, each document as one row holding its whole text
 (`document_row`), and read back as documents by `DocumentStore`.
@@ -24,8 +25,9 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import numpy as np
+import numpy.typing as npt
 
-from rag.cache import atomic_write_text
+from rag.atomic import atomic_write_text
 from rag.types import Chunk, Document, RagError
 
 T = TypeVar("T")
@@ -39,6 +41,9 @@ COLUMNS = {"text_end.i64": np.int64, "doc_end.i64": np.int64, "meta_end.i64": np
            "end.i64": np.int64, "position.i64": np.int64, "source.u16": np.uint16}
 BLOBS = ("text.bin", "doc.bin", "meta.bin")
 FILES = (*BLOBS, *COLUMNS)
+# Chunking and corpus reading record their progress every SHARD_DOCS documents (ChunkWriter.checkpoint):
+# what a killed build resumes from. RAGRIG_TEST_CHUNK_SHARD: smaller shards, for the crash tests only.
+SHARD_DOCS = int(os.environ.get("RAGRIG_TEST_CHUNK_SHARD", "10000"))
 
 
 class ChunkWriter:
@@ -230,7 +235,7 @@ class ChunkStore(_Rows[Chunk]):
         return self.cols["source"]
 
 
-def _map_column(path: Path, dtype: Any, n: int) -> np.ndarray:
+def _map_column(path: Path, dtype: npt.DTypeLike, n: int) -> np.ndarray:
     size = path.stat().st_size
     if size != n * np.dtype(dtype).itemsize:
         raise ValueError(f"{path}: {size} bytes for {n} rows of {np.dtype(dtype).name}")

@@ -8,7 +8,7 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn, TextIO
 
 
@@ -27,7 +27,7 @@ class _PipeSafe:
             self._reader_gone()
             return len(text)
 
-    def writelines(self, lines: Any) -> None:
+    def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
             self.write(line)
 

@@ -43,7 +43,7 @@ def config_error_line(e: BaseException) -> str:
 
 
 def _config_error_line(e: BaseException) -> str:
-    unknown = _other_option_line(e) or _unknown_key_line(e)
+    unknown = _moved_key_line(e) or _other_option_line(e) or _unknown_key_line(e)
     if unknown:
         return unknown
     lines = [ln.strip() for ln in str(e).splitlines()]
@@ -93,9 +93,10 @@ def _unknown_key_line(e: BaseException) -> str | None:
     """An override of a key the config does not have (a misspelling, usually): which node lacks it,
     the nearest keys it has, all of them, and how to add a new key on purpose."""
     cause = e.__cause__
-    if "not in struct" not in str(cause or "") or not getattr(cause, "full_key", None):
+    full_key = str(getattr(cause, "full_key", None) or "")
+    if "not in struct" not in str(cause or "") or not full_key:
         return None
-    full_key, key = str(cause.full_key), str(getattr(cause, "key", ""))
+    key = str(getattr(cause, "key", ""))
     node = getattr(cause, "parent_node", None)
     try:
         keys = [str(k) for k in node.keys() if not str(k).startswith("_")] if node is not None else []
@@ -110,14 +111,61 @@ def _unknown_key_line(e: BaseException) -> str | None:
     return line + f". To add a new key use +{full_key}={value}"
 
 
+def endpoint_settings() -> tuple[str, ...]:
+    """The settings of a role's `endpoint` node (rag.endpoint.EndpointSettings)."""
+    from dataclasses import fields
+
+    from rag.endpoint import EndpointSettings
+
+    return tuple(f.name for f in fields(EndpointSettings))
+
+
+def _moved_key_line(e: BaseException) -> str | None:
+    """An endpoint setting overridden by its name from before the roles' endpoint settings moved
+    into their `endpoint` node (`llm.timeout_s=30`): the key it is now, and, when the chosen option
+    has no endpoint (llm=smollm2), the option that has it."""
+    cause = e.__cause__
+    full_key = str(getattr(cause, "full_key", None) or "")
+    parent, _, key = full_key.rpartition(".")
+    if "not in struct" not in str(cause or "") or not parent or key not in endpoint_settings():
+        return None
+    moved = f"{parent}.endpoint.{key}"
+    # Hydra names the value only in its own hint, with the whole key: +llm.extra_body.top_k=1
+    given = re.search(rf"\+{re.escape(full_key)}((?:\.[\w-]+)*)=(.*)$", str(e))
+    deeper, value = (given.group(1), given.group(2).strip()) if given else ("", "...")
+    assign = f"+{moved}{deeper}={value}" if deeper else f"{moved}={value}"  # a new field of extra_body
+    node = getattr(cause, "parent_node", None)
+    endpoint = node.get("endpoint") if node is not None and "endpoint" in node else None
+    if endpoint is not None:
+        return f"{full_key} is now {moved}: use {assign}" if key in endpoint else None
+    group, _, rest = parent.partition(".")
+    having = [o for o in options_with(group, f"{rest}.endpoint" if rest else "endpoint")
+              if key in _endpoint_node(group, o, rest)]
+    if not having:
+        return None
+    return f"{full_key} is now {moved}, a setting of {group}={having[0]}; add {group}={having[0]} before {assign}"
+
+
+def _endpoint_node(group: str, option: str, rest: str) -> set[str]:
+    """The settings of the `endpoint` node of conf/<group>/<option>.yaml (under `rest`): its own
+    and those it composes from conf/endpoint/default.yaml."""
+    import yaml
+
+    node = yaml.safe_load((PROJECT_ROOT / "conf" / group / f"{option}.yaml").read_text(encoding="utf-8"))
+    for part in [*rest.split("."), "endpoint"] if rest else ["endpoint"]:
+        node = node.get(part) if isinstance(node, dict) else None
+    shared = yaml.safe_load((PROJECT_ROOT / "conf" / "endpoint" / "default.yaml").read_text(encoding="utf-8"))
+    return set(node or {}) | set(shared)
+
+
 def _other_option_line(e: BaseException) -> str | None:
     """An override of a setting that the chosen option of a config group lacks but another option
     has (corpus.path=docs.jsonl while corpus=mixed): Hydra's hint, +corpus.path, would add a key
     the chosen corpus cannot read; the fix is to choose the option that has it."""
     cause = e.__cause__
-    if "not in struct" not in str(cause or "") or not getattr(cause, "full_key", None):
+    full_key = str(getattr(cause, "full_key", None) or "")
+    if "not in struct" not in str(cause or "") or not full_key:
         return None
-    full_key = str(cause.full_key)
     group, _, key = full_key.partition(".")
     having = options_with(group, key)
     if not having:

@@ -16,24 +16,31 @@ Such a reply is refused at once, not retried: the server answered, wrongly.
 
 The API key is read from the environment variable the config names (`api_key_env`) and is kept
 out of every message and `repr`; configs, caches and outputs only ever hold the variable's name.
+
+How a role talks to its server is one `EndpointSettings`, the `endpoint` node of each role
+(conf/endpoint/default.yaml, composed into `llm.endpoint`, `embedder.endpoint`, `reranker.endpoint`
+and `eval.judge.endpoint`): its defaults and checks are written once, here, for every role.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from email.utils import parsedate_to_datetime
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, TypeVar
 from urllib.parse import urlsplit
 
+from rag.concurrent import Cancelled
 from rag.http_deadline import DeadlineTransport, deadline, seconds_left
 from rag.reply import BadReply, decode_reply
+from rag.schema import shown
 from rag.secrets import problem as secret_problem
 from rag.secrets import redact, redact_url
 from rag.types import RagError
@@ -43,6 +50,7 @@ log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 T = TypeVar("T")
+E = TypeVar("E", bound="Endpoint")
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 MAX_RETRY_AFTER_S = 120.0  # a server asking for longer is treated as down rather than waited for
 MAX_BODY_BYTES = 256 * 2**20  # far above any reply a role reads (64 texts x 4096-d vectors is ~6 MiB)
@@ -67,8 +75,82 @@ class EndpointError(RagError):
         return self.unreachable or self.status in (401, 403, 404)
 
 
-class Cancelled(Exception):
-    """Raised in a worker when another request has already failed for good."""
+def _in_flight(key: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RagError(f"{key} must be an integer, got {shown(v)}")
+    if not 1 <= v <= 256:
+        raise RagError(f"{key} must be between 1 and 256, got {v}")
+
+
+def _count(key: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RagError(f"{key} must be an integer, got {shown(v)}")
+    if v < 0:
+        raise RagError(f"{key} must be >= 0, got {v}")
+
+
+def _seconds(key: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise RagError(f"{key} must be a number, got {shown(v)}")
+    if not math.isfinite(v):
+        raise RagError(f"{key} must be a finite number, got {shown(v)}")
+    if v <= 0:
+        raise RagError(f"{key} must be positive, got {shown(v)}")
+
+
+def _fields(key: str, v: Any) -> None:
+    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+        raise RagError(f"{key} must be a mapping of request fields, e.g. {{top_k: 1}}, got {shown(v)}")
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    """How a role talks to its server: the `endpoint` node of `llm=openai`, `embedder=openai`,
+    `reranker=http` and `eval.judge`. Hydra builds it from the node (`_target_`) and hands it to
+    the role, which names it in messages (`what`) and says which settings it takes: the reranker
+    sends one request at a time, and only the chat roles send `extra_body`.
+
+    Each setting's rule is its annotation's (rag/schema.py reads them at start-up, naming the
+    node's full key); `check` applies them again for settings built in Python.
+
+    `cache_namespace` is no transport setting but a label of the endpoint: two servers that serve
+    different weights under one model id (two quantizations) keep their outputs apart by it. It
+    goes into the role's cache keys as it is written (a number stays a number)."""
+
+    concurrency: Annotated[int, _in_flight] = 4  # requests in flight at once
+    timeout_s: Annotated[float, _seconds] = 120.0  # one deadline per request: connecting, sending, the whole reply
+    max_retries: Annotated[int, _count] = 4
+    backoff_s: Annotated[float, _seconds] = 0.5
+    max_backoff_s: Annotated[float, _seconds] = 30.0
+    extra_body: Annotated[dict[str, Any], _fields] = field(default_factory=dict)
+    cache_namespace: str | int | float | None = None  # any label: key material as written, so not coerced
+
+    def check(self, what: str, takes: tuple[str, ...] | None = None, reserved: Sequence[str] = ()) -> None:
+        """A one-line RagError naming `<what>.endpoint.<setting>` for the first bad value, for a
+        setting outside `takes` (None: all) set away from its default, and for an `extra_body`
+        field among `reserved` (those the request sets itself)."""
+        key = f"{what}.endpoint"
+        default = EndpointSettings()
+        hints = typing.get_type_hints(EndpointSettings, include_extras=True)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if takes is not None and f.name not in takes and value != getattr(default, f.name):
+                raise RagError(f"{key}.{f.name} is not a setting of {what} (it takes {', '.join(takes)})")
+            for rule in getattr(hints[f.name], "__metadata__", ()):
+                rule(f"{key}.{f.name}", value)
+        clash = set(reserved) & set(self.extra_body)
+        if clash:
+            raise RagError(f"{key}.extra_body must not set {sorted(clash)}: the request sets them itself")
+
+    def transport(self, what: str, base_url: str, model: str, api_key_env: str | None = None, *,
+                  kind: type[E] | None = None, takes: tuple[str, ...] | None = None) -> E:
+        """The role's `Endpoint` (or `kind`) to `base_url` and `model`, checked first: a pool of
+        `concurrency` connections, or one for a role that does not take `concurrency`."""
+        cls: type[Any] = Endpoint if kind is None else kind
+        self.check(what, takes, cls.own_fields)
+        connections = self.concurrency if takes is None or "concurrency" in takes else 1
+        made: E = cls(base_url, str(model), api_key_env, settings=self, what=what, connections=connections)
+        return made
 
 
 @dataclass
@@ -93,18 +175,17 @@ class _Failure(Exception):
 @dataclass
 class Endpoint:
     """One server and model. `what` names the config node in messages (`llm`, `embedder`,
-    `reranker`, `eval.judge`); `connections` bounds the pool (the role's concurrency)."""
+    `reranker`, `eval.judge`); `settings` are its `endpoint` node's; `connections` bounds the pool
+    (the role's concurrency)."""
 
     base_url: str
     model: str
     api_key_env: str | None = None
-    timeout_s: float = 120.0
-    max_retries: int = 4
-    backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
+    settings: EndpointSettings = field(default_factory=EndpointSettings)
     what: str = "llm"
     connections: int = 8
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    own_fields: ClassVar[tuple[str, ...]] = ()  # request fields the transport sets: `extra_body` must not
 
     def __post_init__(self) -> None:
         parts = urlsplit(str(self.base_url))
@@ -117,11 +198,7 @@ class Endpoint:
                            or f"{self.what}.base_url must not hold credentials")
         if not self.model or not str(self.model).strip():
             raise RagError(f"{self.what}.model must name the model the endpoint serves")
-        for name in ("timeout_s", "backoff_s", "max_backoff_s"):
-            if float(getattr(self, name)) <= 0:
-                raise RagError(f"{self.what}.{name} must be positive, got {getattr(self, name)}")
-        if int(self.max_retries) < 0:
-            raise RagError(f"{self.what}.max_retries must be >= 0, got {self.max_retries}")
+        self.settings.check(self.what)
         self.base_url = str(self.base_url).rstrip("/")
         self._key = self._read_key()
         self._client: Any = None
@@ -160,8 +237,8 @@ class Endpoint:
                     headers["Authorization"] = f"Bearer {self._key}"
                 n = max(1, int(self.connections))
                 limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-                self._client = httpx.Client(headers=headers, timeout=float(self.timeout_s), follow_redirects=True,
-                                            limits=limits, transport=DeadlineTransport(limits))
+                self._client = httpx.Client(headers=headers, timeout=float(self.settings.timeout_s),
+                                            follow_redirects=True, limits=limits, transport=DeadlineTransport(limits))
             return self._client
 
     def close(self) -> None:
@@ -181,7 +258,7 @@ class Endpoint:
         import httpx
 
         try:
-            with deadline(float(self.timeout_s)):
+            with deadline(float(self.settings.timeout_s)):
                 try:
                     return self._exchange(method, path, payload)
                 except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
@@ -189,8 +266,8 @@ class Endpoint:
                     # any response: that is no failed attempt, just a new connection (once).
                     return self._exchange(method, path, payload)
         except httpx.TimeoutException:
-            raise _Failure(f"no complete response within {self.timeout_s:g} s ({self.what}.timeout_s)",
-                           retry=True) from None
+            raise _Failure(f"no complete response within {self.settings.timeout_s:g} s "
+                           f"({self.what}.endpoint.timeout_s)", retry=True) from None
         except httpx.TooManyRedirects as e:
             raise EndpointError(f"{self.what}: {method} {self.url(path)} was redirected more than "
                                 f"{self.client.max_redirects} times, last to {self.redact(str(e.request.url))} "
@@ -248,7 +325,8 @@ class Endpoint:
         ends the retries early (with `Cancelled`)."""
         t0 = time.perf_counter()
         last, unreachable, status = "no attempt", False, None
-        for attempt in range(int(self.max_retries) + 1):
+        retries = int(self.settings.max_retries)
+        for attempt in range(retries + 1):
             if stop is not None and stop.is_set():
                 raise Cancelled()
             delay = None
@@ -268,9 +346,9 @@ class Endpoint:
                     delay = _retry_after(headers)
                 else:
                     raise self._refused("POST", path, code, text)
-            if attempt < int(self.max_retries):
+            if attempt < retries:
                 pause = self._backoff(attempt, delay)
-                log.info("%s: %s; retry %d/%d in %.1f s", self.what, last, attempt + 1, self.max_retries, pause)
+                log.info("%s: %s; retry %d/%d in %.1f s", self.what, last, attempt + 1, retries, pause)
                 if stop is not None:
                     if stop.wait(pause):
                         raise Cancelled()
@@ -279,7 +357,7 @@ class Endpoint:
         seconds = time.perf_counter() - t0
         hint = " - is the server running?" if "refused" in last else ""
         raise EndpointError(
-            f"{self.what}: POST {self.url(path)} failed after {_attempts(int(self.max_retries) + 1)} "
+            f"{self.what}: POST {self.url(path)} failed after {_attempts(retries + 1)} "
             f"over {seconds:.1f} s: {last}{hint} ({self.what}.model={self.model})", status=status, transient=True,
             unreachable=unreachable)
 
@@ -287,7 +365,8 @@ class Endpoint:
         if retry_after is not None:
             return min(retry_after, MAX_RETRY_AFTER_S)
         # exponential with jitter, so that parallel workers do not retry in lockstep
-        return min(float(self.max_backoff_s), float(self.backoff_s) * 2**attempt) * random.uniform(0.5, 1.0)
+        s = self.settings
+        return min(float(s.max_backoff_s), float(s.backoff_s) * 2**attempt) * random.uniform(0.5, 1.0)
 
     def _refused(self, method: str, path: str, status: int, text: str) -> EndpointError:
         msg = self.redact(_error_message(text))
@@ -329,58 +408,6 @@ class Endpoint:
             raise EndpointError(f"{self.what}: the server at {self.base_url} does not serve model {self.model!r} "
                                 f"({self.what}.model); it serves: {shown}", status=404)
         return ids
-
-
-def map_concurrent(fn: Callable[[T, threading.Event], Any], items: Sequence[T], concurrency: int,
-                   is_fatal: Callable[[BaseException], bool] = lambda e: True) -> Iterator[tuple[int, Any]]:
-    """Runs `fn(item, stop)` over `items` on `concurrency` threads and yields (index, result) as
-    they finish. An exception for which `is_fatal` holds stops the rest: queued items are
-    cancelled, `stop` is set for the running ones (their retries end), the results that still
-    arrive are yielded, then the first fatal exception is raised. A non-fatal exception is yielded
-    as the result (the caller decides what it means)."""
-    stop = threading.Event()
-    first: BaseException | None = None
-
-    def work(item: T) -> Any:
-        if stop.is_set():
-            raise Cancelled()
-        try:
-            return fn(item, stop)
-        except Cancelled:
-            raise
-        except BaseException as e:
-            if is_fatal(e):
-                stop.set()  # here, not in the consumer: a free worker must not start the next item
-            raise
-
-    with ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="endpoint") as pool:
-        pending: dict[Future, int] = {pool.submit(work, item): i for i, item in enumerate(items)}
-        try:
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    i = pending.pop(fut)
-                    if fut.cancelled():
-                        continue
-                    e = fut.exception()
-                    if e is None:
-                        yield i, fut.result()
-                    elif isinstance(e, Cancelled):
-                        continue
-                    elif is_fatal(e):
-                        if first is None:
-                            first = e
-                            stop.set()
-                            for f in pending:
-                                f.cancel()
-                    else:
-                        yield i, e
-        finally:
-            stop.set()
-            for f in pending:
-                f.cancel()
-    if first is not None:
-        raise first
 
 
 def _retry_after(headers: dict[str, str]) -> float | None:

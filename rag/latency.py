@@ -23,13 +23,18 @@ run that made them, so no generation latency is reported for them.
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rag.query import retrieve_rerank
-from rag.types import RagError
+from rag.reranker.base import Reranker
+from rag.retriever.base import Retriever
+from rag.retriever.source_filter import SourceFilter
+from rag.types import Chunk, RagError
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class LatencySettings:
             raise RagError(f"eval.latency.warmup must be >= 0, got {self.warmup}")
 
     @classmethod
-    def from_config(cls, node: Any) -> LatencySettings:
+    def from_config(cls, node: Mapping[str, Any] | None) -> LatencySettings:
         node = dict(node or {})
         unknown = set(node) - {"sample", "repeats", "warmup"}
         if unknown:
@@ -64,8 +69,8 @@ def sample_rows(n: int, sample: int | None) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, int(sample)).round().astype(int))
 
 
-def measure(retriever: Any, reranker: Any, queries: list[str], filters: list[Any], depth: int, chunks: list[Any],
-            k: int, settings: LatencySettings) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, Any]]:
+def measure(retriever: Retriever, reranker: Reranker, queries: list[str], filters: list[SourceFilter], depth: int,
+            chunks: Sequence[Chunk], k: int, settings: LatencySettings) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, Any]]:
     """(sampled rows, {"retrieve": ms, "rerank": ms} per sampled row, how it was measured)."""
     rows = sample_rows(len(queries), settings.sample)
 
@@ -92,7 +97,7 @@ def measure(retriever: Any, reranker: Any, queries: list[str], filters: list[Any
     return rows, {"retrieve": med[:, 0], "rerank": med[:, 1]}, method
 
 
-def summary(stages: dict[str, np.ndarray | None]) -> dict[str, float]:
+def summary(stages: Mapping[str, np.ndarray | None]) -> dict[str, float]:
     """Median and 95th percentile per stage and of their per-question sum, in milliseconds. NaN
     marks a question a stage did not time (e.g. not in the answered sample): it is left out of
     that stage, and the total covers the questions every reported stage timed."""
@@ -100,7 +105,7 @@ def summary(stages: dict[str, np.ndarray | None]) -> dict[str, float]:
     present = {k: np.asarray(v, float) for k, v in stages.items() if v is not None and np.any(~np.isnan(v))}
     if not present:
         return out
-    total = sum(present.values())
+    total = functools.reduce(np.add, present.values())  # per question, over the stages
     for name, ms in {**present, "total": total}.items():
         ms = ms[~np.isnan(ms)]
         if len(ms) == 0:

@@ -150,7 +150,7 @@ class TokenCounter:
         return {"ref": self.ref, "what": self.what}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["ref"], state["what"])
+        TokenCounter.__init__(self, state["ref"], state["what"])
 
     def _tokenizer(self):  # noqa: ANN202
         with self._lock:

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from eval.trec import format_qrels, format_run
 from experiments import metric_info as MI
 from rag import strict_json
-from rag.cache import atomic_write_text
+from rag.atomic import atomic_write_text
 from rag.plan import format_plan
 from rag.settings import RunReport
 from rag.types import QAItem, RagError

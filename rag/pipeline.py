@@ -13,21 +13,26 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from omegaconf import DictConfig
 
+from eval.judge import Item, Judge
+from eval.record import Generation, GivenContext, QuestionLatency, QuestionRecord
 from eval.scoring import add_judge_scores, score
 from rag import latency, plan
 from rag.artifacts import Answers
 from rag.corpus.slicing import Kept, answer_subset
+from rag.embedder.base import Embedder
 from rag.llm.answer_cache import usage_totals
 from rag.output import trec_files, write_report, write_results
 from rag.query import retrieve_rerank_all
+from rag.reranker.base import Reranker
 from rag.result import Objective, RunResult
-from rag.retriever import SourceFilter
-from rag.routing import routing_report
+from rag.retriever.base import Retriever
+from rag.retriever.routing import routing_report
+from rag.retriever.source_filter import SourceFilter
 from rag.session import Session, open_session
 from rag.settings import Pricing, Settings, load
 from rag.types import Context, Hits
@@ -48,13 +53,14 @@ class Ranked:
 
 
 @dataclass
-class Answered:
-    """The answer stage's output, per question of the run (None / NaN outside the answered sample)."""
+class PlacedAnswers:
+    """The answer stage's output, placed among all the questions of the run (None / NaN outside
+    the answer sample)."""
 
     answers: list[str | None] | None
     generate_ms: np.ndarray | None  # None when no answers, or when they came from the cache
     details: list[Any] | None  # token usage, finish reason, served model (llm=openai)
-    made: Answers | None
+    artifact: Answers | None  # the answers artifact they came from (None: llm=none)
 
 
 def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]:
@@ -64,28 +70,29 @@ def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]
     settings = config if isinstance(config, Settings) else load(config)
     output_dir = Path(output_dir)
     session = open_session(settings)
-    answered = answer_subset(session.qa, settings.slice.answer_questions_per_corpus, settings.slice.seed)
+    answer_rows = answer_subset(session.qa, settings.slice.answer_questions_per_corpus, settings.slice.seed)
     if settings.dry_run:
-        return plan.dry_run(session, answered, output_dir)
+        return plan.dry_run(session, answer_rows, output_dir)
     ranked = rank(session)
     contexts = session.context_builder.build(ranked.hits, session.chunk_set)
-    contexts, compression = compress(session, answered, contexts)
-    out = answer(session, answered, contexts)
-    if out.made is not None:  # an answer sample matters only where answers are generated
-        note_answered(session, answered)
-    ranked.latency_method["generate"] = (
-        "no answers" if out.made is None else "answers from the cache: not timed in this run"
-        if out.generate_ms is None else "every question: its share of its batch's wall time")
+    contexts, compression = compress(session, answer_rows, contexts)
+    placed = generate_answers(session, answer_rows, contexts)
+    if placed.artifact is not None:  # an answer sample matters only where answers are generated
+        note_answer_sample(session, answer_rows)
+    ranked.latency_method["generate"] = generate_latency_method(placed)
     with session.timer.stage("score"):
         records, aggregates = score(
-            session.qa, ranked.hits, session.chunk_set.chunks, session.eval_embedder, session.settings, out.answers,
+            session.qa, ranked.hits, session.chunk_set.chunks, session.eval_embedder, session.score, placed.answers,
             eval_chunk_vectors(session), context_texts=[[c.text for c in ctx] for ctx in contexts],
             memory=session.cache.memory, store=session.cache,
         )
-    judge_stats = run_judge(session, records, aggregates, out.answers, contexts) if session.judge is not None else None
-    add_details(records, ranked, out, contexts)
-    result = assemble(session, ranked, out, aggregates, judge_stats, compression).to_json()
-    write_results(output_dir, result, records, trec_files(result["variant"], records, session.qa))
+    judge_stats = None
+    if session.judge is not None:
+        judge_stats = run_judge(session, session.judge, records, aggregates, placed.answers, contexts)
+    add_details(records, ranked, placed, contexts)
+    result = assemble(session, ranked, placed, aggregates, judge_stats, compression).to_json()
+    lines = [r.to_json() for r in records]
+    write_results(output_dir, result, lines, trec_files(result["variant"], lines, session.qa))
     write_report(settings.report, output_dir)
     return result
 
@@ -102,72 +109,88 @@ def rank(session: Session) -> Ranked:
     else:
         filters = retriever.filters_for([q.corpus for q in qa])
     hits, retrieve_ms, rerank_ms = retrieve_rerank_all(retriever, session.reranker, queries, filters, session.depth,
-                                                       session.chunk_set.chunks, session.settings.k)
+                                                       session.chunk_set.chunks, session.score.k)
     timer.add("retrieve", retrieve_ms / 1000.0)
     timer.add("rerank", rerank_ms / 1000.0)
     with timer.stage("latency"):
         rows, ms, method = latency.measure(retriever, session.reranker, queries, filters, session.depth,
-                                           session.chunk_set.chunks, session.settings.k, session.latency)
+                                           session.chunk_set.chunks, session.score.k, session.latency)
     return Ranked(filters, route_ms, hits, rows, ms, method)
 
 
-def compress(session: Session, answered: list[int],
+def compress(session: Session, answer_rows: list[int],
              contexts: list[list[Context]]) -> tuple[list[list[Context]], dict[str, Any] | None]:
-    """The answered questions' contexts as the compressor shortens them (rag/compressor; the
+    """The answer sample's contexts as the compressor shortens them (rag/compressor; the
     others are read by no LLM), and what it removed (None: compressor=none)."""
-    if session.compressor.name == "none" or not answered:
+    if session.compressor.name == "none" or not answer_rows:
         return contexts, None
     with session.timer.stage("load_models"):
         session.compressor.warm_up()
     with session.timer.stage("compress"):
-        done = session.compressor.compress([session.qa[i].question for i in answered], [contexts[i] for i in answered])
+        done = session.compressor.compress([session.qa[i].question for i in answer_rows],
+                                           [contexts[i] for i in answer_rows])
     out = list(contexts)
-    for j, i in enumerate(answered):
+    for j, i in enumerate(answer_rows):
         out[i] = done.contexts[j]
-    stats = {**done.stats, "fallbacks": [session.qa[answered[j]].id for j in done.stats["fallbacks"]]}
+    stats = {**done.stats, "fallbacks": [session.qa[answer_rows[j]].id for j in done.stats["fallbacks"]]}
     return out, stats
 
 
-def answer(session: Session, answered: list[int], contexts: list[list[Context]]) -> Answered:
-    """Answers for the answered sample (every question unless slice.answer_questions_per_corpus
+def generate_answers(session: Session, answer_rows: list[int], contexts: list[list[Context]]) -> PlacedAnswers:
+    """Answers for the answer sample (every question unless slice.answer_questions_per_corpus
     samples them), through the answers artifact, placed among all the questions."""
     n = len(session.qa)
-    made = session.artifacts.answers(session.generator, [session.qa[i].question for i in answered],
-                                     [contexts[i] for i in answered])
-    if made is None:
-        return Answered(None, None, None, None)
-    generate_ms = None if made.hit else np.asarray(spread(list(made.latency_ms), answered, n, np.nan), float)
-    details = None if made.details is None else spread(made.details, answered, n)
-    return Answered(spread(made.answers, answered, n), generate_ms, details, made)
+    artifact = session.artifacts.answers(session.generator, [session.qa[i].question for i in answer_rows],
+                                         [contexts[i] for i in answer_rows])
+    if artifact is None:
+        return PlacedAnswers(None, None, None, None)
+    generate_ms = None
+    if not artifact.hit:
+        generate_ms = np.asarray(spread(list(artifact.latency_ms), answer_rows, n, np.nan), float)
+    details = None if artifact.details is None else spread(artifact.details, answer_rows, n)
+    return PlacedAnswers(spread(artifact.answers, answer_rows, n), generate_ms, details, artifact)
 
 
-def add_details(records: list[dict[str, Any]], ranked: Ranked, out: Answered, contexts: list[list[Context]]) -> None:
+def generate_latency_method(placed: PlacedAnswers) -> str:
+    """How the generate stage's latency was measured (metrics.json `latency_method`)."""
+    if placed.artifact is None:
+        return "no answers"
+    if placed.generate_ms is None:
+        return "answers from the cache: not timed in this run"
+    return "every question: its share of its batch's wall time"
+
+
+def add_details(records: list[QuestionRecord], ranked: Ranked, placed: PlacedAnswers, contexts: list[list[Context]]) -> None:
     """Per question: its latencies, routed group, generation details and the contexts it was given."""
     sampled = {int(q): j for j, q in enumerate(ranked.latency_rows)}
+    whole_hit = placed.artifact is not None and placed.artifact.hit  # every answer from an earlier run's artifact
     for q, rec in enumerate(records):
-        rec["latency_ms"] = ({s: round(float(ranked.latency_ms[s][sampled[q]]), 3) for s in ("retrieve", "rerank")}
-                             if q in sampled else {})
-        if out.generate_ms is not None and not np.isnan(out.generate_ms[q]):
-            rec["latency_ms"]["generate"] = round(float(out.generate_ms[q]), 3)
+        lat = rec.latency_ms = QuestionLatency()
+        if q in sampled:
+            lat.retrieve = round(float(ranked.latency_ms["retrieve"][sampled[q]]), 3)
+            lat.rerank = round(float(ranked.latency_ms["rerank"][sampled[q]]), 3)
+        if placed.generate_ms is not None and not np.isnan(placed.generate_ms[q]):
+            lat.generate = round(float(placed.generate_ms[q]), 3)
         if ranked.route_ms is not None:
-            rec["latency_ms"]["route"] = round(float(ranked.route_ms[q]), 3)
-            rec["routed"] = sorted(ranked.filters[q])
-        if out.details is not None and out.details[q] is not None:
-            rec["generation"] = {**out.details[q], **({"from_earlier_run": True} if out.made.hit else {})}
-        rec["contexts"] = [{"label": c.label, "text": c.text} for c in contexts[q]]
+            lat.route = round(float(ranked.route_ms[q]), 3)
+            rec.routed = sorted(ranked.filters[q] or ())  # routed questions always have a group
+        if placed.details is not None and placed.details[q] is not None:
+            rec.generation = Generation.from_json({**placed.details[q], **({"from_earlier_run": True} if whole_hit else {})})
+        rec.contexts = [GivenContext(c.label, c.text) for c in contexts[q]]
 
 
-def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[str, Any],
+def assemble(session: Session, ranked: Ranked, placed: PlacedAnswers, aggregates: dict[str, Any],
              judge_stats: dict[str, Any] | None, compression: dict[str, Any] | None = None) -> RunResult:
     """The run's result (metrics.json)."""
-    config, overall, retriever = session.config, aggregates["overall"], session.retriever
+    settings, overall, router = session.settings, aggregates["overall"], session.retriever.router
     routing = None
-    if ranked.route_ms is not None:
-        routing = {"method": retriever.router.method,
-                   **routing_report(ranked.filters, [q.corpus for q in session.qa], retriever.source_filter.get("groups"))}
+    if ranked.route_ms is not None and router is not None:
+        routing = {"method": router.method,
+                   **routing_report(ranked.filters, [q.corpus for q in session.qa],
+                                  session.retriever.source_filter.get("groups"))}
     return RunResult(
-        variant=config.variant,
-        objective=Objective(config.objective, overall[config.objective]["mean"]),
+        variant=settings.variant,
+        objective=Objective(settings.objective, overall[settings.objective]["mean"]),
         metrics=overall,
         by_corpus=aggregates["by_corpus"],
         counts={
@@ -175,53 +198,54 @@ def assemble(session: Session, ranked: Ranked, out: Answered, aggregates: dict[s
             "documents_in_full_corpus": session.n_docs_total,
             "chunks": len(session.chunk_set),
             "questions": len(session.qa),
-            "answered_questions": 0 if out.answers is None else sum(a is not None for a in out.answers),
+            "answered_questions": 0 if placed.answers is None else sum(a is not None for a in placed.answers),
             "skipped_inputs": len(session.skipped),
         },
-        qa_split=config.qa_split,
-        latency=latency_summary(ranked.latency_rows, ranked.latency_ms, out.generate_ms, ranked.route_ms),
+        qa_split=settings.qa_split,
+        latency=latency_summary(ranked.latency_rows, ranked.latency_ms, placed.generate_ms, ranked.route_ms),
         latency_method=ranked.latency_method,
-        usage=usage_section(out.made, judge_stats, served_parts(session), config.pricing),
+        usage=usage_section(placed.artifact, judge_stats, served_usage(session), settings.pricing),
         timings_s=session.timer.as_dict(),
         artifacts=session.artifacts.record,
-        config=config.resolved,
+        config=settings.resolved,
         routing=routing,
         compression=compression,
         slice={what: k.to_json() for what, k in session.kept.items()},
     )
 
 
-def note_answered(session: Session, answered: list[int]) -> None:
-    """The answered sample beside the slice's other samples (metrics.json `slice`), and said in
+def note_answer_sample(session: Session, answer_rows: list[int]) -> None:
+    """The answer sample beside the slice's other samples (metrics.json `slice`), and said in
     one line when it leaves questions unanswered."""
-    kept = Kept("answered questions", len(answered), len(session.qa), "slice.answer_questions_per_corpus",
-                session.config.slice.answer_questions_per_corpus)
+    kept = Kept("answered questions", len(answer_rows), len(session.qa), "slice.answer_questions_per_corpus",
+                session.settings.slice.answer_questions_per_corpus)
     session.kept["answered_questions"] = kept
     if kept.sampled:
         log.warning(kept.line())
 
 
-def run_judge(session: Session, records: list[dict[str, Any]], aggregates: dict[str, Any],
+def run_judge(session: Session, judge: Judge, records: list[QuestionRecord], aggregates: dict[str, Any],
               answers: list[str | None] | None, contexts: list[list[Context]]) -> dict[str, Any]:
     """eval.judge's metrics beside the others (eval/judge.py, eval.scoring.add_judge_scores), over
     the answered questions (all of them, unless slice.answer_questions_per_corpus samples them)."""
-    from eval.judge import Item
-
-    answered = [i for i, a in enumerate(answers or []) if a is not None]
-    items = [Item(session.qa[i].question, answers[i], session.qa[i].answer, [c.text for c in contexts[i]])
-             for i in answered]
+    rows: list[int] = []
+    items: list[Item] = []
+    for i, answer in enumerate(answers or []):
+        if answer is not None:
+            q = session.qa[i]
+            # a question without a reference answer (BEIR's) fails in the judge, which reads it
+            rows.append(i)
+            items.append(Item(q.question, answer, cast(str, q.answer), [c.text for c in contexts[i]]))
     with session.timer.stage("judge"):
-        judged = session.judge.judge(items, session.cache)
-    add_judge_scores([records[i] for i in answered], aggregates, judged, session.settings)
-    return {**session.judge.describe(), **judged["stats"]}
+        judged = judge.judge(items, session.cache)
+    add_judge_scores([records[i] for i in rows], aggregates, judged, session.score)
+    return {**judge.describe(), **judged["stats"]}
 
 
-def pipeline_embedder(retriever: Any) -> Any:
+def pipeline_embedder(retriever: Retriever) -> Embedder | None:
     """The dense embedder a retriever searches with (None for BM25 alone)."""
-    for r in (retriever, getattr(retriever, "dense", None)):
-        if r is not None and getattr(r, "embedder", None) is not None:
-            return r.embedder
-    return None
+    dense = retriever.dense_part()
+    return dense.embedder if dense is not None else None
 
 
 def eval_chunk_vectors(session: Session) -> np.ndarray | None:
@@ -232,39 +256,40 @@ def eval_chunk_vectors(session: Session) -> np.ndarray | None:
     if cache.lookup("vectors", artifacts.vectors_key(ev, indexed=False)) is not None:
         return artifacts.vectors(ev, indexed=False)
     emb = pipeline_embedder(session.retriever)
-    same = emb is not None and getattr(emb, "reference_id", None) == getattr(ev, "reference_id", False)
-    if same and cache.lookup("vectors", artifacts.vectors_key(emb, indexed=False)) is not None:
+    if emb is None or emb.reference_id != ev.reference_id:
+        return None
+    if cache.lookup("vectors", artifacts.vectors_key(emb, indexed=False)) is not None:
         return artifacts.vectors(emb, indexed=False)
     return None
 
 
-def served_parts(session: Session) -> dict[str, Any]:
-    """The components that called a server in this run, by role: embed (embedder=openai), rerank
-    (reranker=http); generate and judge are counted by their own stages."""
-    dense = session.retriever._dense_part()
-    parts = {"embed": dense.embedder if dense is not None else None, "rerank": session.reranker}
-    return {role: p for role, p in parts.items() if isinstance(getattr(p, "usage", None), dict)}
+def served_usage(session: Session) -> dict[str, dict[str, Any]]:
+    """What the components that count their requests sent in this run, by role: embed
+    (embedder=openai), rerank (reranker=http, llm_listwise); generate and judge are counted by
+    their own stages."""
+    parts: dict[str, Embedder | Reranker | None] = {"embed": pipeline_embedder(session.retriever),
+                                                    "rerank": session.reranker}
+    return {role: p.usage for role, p in parts.items() if p is not None and p.usage is not None}
 
 
-def usage_section(made: Answers | None, judge_stats: dict[str, Any] | None,
-                  served: dict[str, Any] | None = None, pricing: Pricing | None = None) -> dict[str, Any] | None:
+def usage_section(artifact: Answers | None, judge_stats: dict[str, Any] | None,
+                  served: dict[str, dict[str, Any]] | None = None, pricing: Pricing | None = None) -> dict[str, Any] | None:
     """metrics.json's `usage` (None: no key): per model role that ran behind a server, the
     requests this run sent and their tokens (embed, rerank: what the server reported; generate:
     answers taken from the cache and the tokens the answers cost when they were generated; judge),
     and `cost`: what this run's own requests cost at `pricing` (answers and judgements from the
     cache cost nothing again)."""
     out: dict[str, Any] = {}
-    for role, part in (served or {}).items():
-        u = part.usage
+    for role, u in (served or {}).items():
         out[role] = {"requests_sent": u["requests"], **{k: (round(v, 3) if isinstance(v, float) else v)
                                                         for k, v in u.items() if k != "requests"}}
         tokens_in = u.get("prompt_tokens", u.get("tokens", 0))
         out[role]["cost"] = priced(pricing, role, u["requests"], tokens_in, u.get("completion_tokens", 0))
-    if made is not None and made.details is not None:
-        out["generate"] = {"requests_sent": made.requests, "answers_from_cache": made.resumed,
-                           **usage_totals(made.details)}
-        fresh = usage_totals([d for d in made.details if not d.get("from_earlier_run")]) if not made.hit else {}
-        out["generate"]["cost"] = priced(pricing, "generate", made.requests, fresh.get("prompt_tokens", 0),
+    if artifact is not None and artifact.details is not None:
+        out["generate"] = {"requests_sent": artifact.requests, "answers_from_cache": artifact.resumed,
+                           **usage_totals(artifact.details)}
+        fresh = usage_totals([d for d in artifact.details if not d.get("from_earlier_run")]) if not artifact.hit else {}
+        out["generate"]["cost"] = priced(pricing, "generate", artifact.requests, fresh.get("prompt_tokens", 0),
                                          fresh.get("completion_tokens", 0))
     if judge_stats is not None:
         out["judge"] = {**judge_stats, "cost": priced(pricing, "judge", judge_stats.get("requests_sent", 0),

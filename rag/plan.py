@@ -33,31 +33,38 @@ several of its jobs would build once: the first job builds it and the others rea
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-import rag.artifacts as artifacts_mod
-from rag.artifacts import BlockLog, answers_key
-from rag.cache import atomic_write_text
-from rag.latency import sample_rows
+from eval.judge import Judge
+from rag.artifacts import answers_key
+from rag.atomic import atomic_write_text
+from rag.chunker.contextualize import LLMContextualizer
+from rag.compressor.llm import LLMCompressor
+from rag.embedder import npy_writer
+from rag.embedder.base import Embedder
+from rag.latency import LatencySettings, sample_rows
 from rag.llm.answer_cache import RECORD_KIND, answer_keys
+from rag.llm.base import CHARS_PER_TOKEN, Generator
+from rag.models import TokenCounter
+from rag.reranker.base import Reranker
 from rag.reranker.listwise import ListwiseReranker, read_order
-from rag.settings import Pricing
-from rag.types import Context, Hits
+from rag.reranker.pointwise import PointwiseReranker
+from rag.served import Served, served
+from rag.session import Session
+from rag.settings import ROLES, Pricing
+from rag.types import Chunk, Context, Hits
 
-CHARS_PER_TOKEN = 4
-ROLES = ("contextualize", "embed", "rerank", "compress", "generate", "judge")
 PLAN_FILE = "dry_run.json"
 
 
-def served(part: Any) -> bool:
-    """Whether a component calls a server (it holds an endpoint), itself or through its LLM."""
-    if part is None:
-        return False
-    return getattr(part, "endpoint", None) is not None or served(getattr(part, "llm", None))
+def batches(n: int, size: int) -> int:
+    """How many batches of at most `size` hold `n` items."""
+    return -(-n // size)
 
 
 def chars_estimate(texts: list[str]) -> int:
@@ -99,25 +106,30 @@ class RolePlan:
                 "notes": self.notes, "units": self.units, "other": self.other}
 
 
-def endpoint_of(part: Any) -> tuple[str, str]:
-    ep = getattr(part, "endpoint", None) or getattr(getattr(part, "llm", None), "endpoint", None)
+def endpoint_of(part: Served) -> tuple[str, str]:
+    """The base URL and model of a served part's server."""
+    ep = part.endpoint
+    if ep is None:
+        raise ValueError(f"{type(part).__name__} is not served")
     return ep.base_url, ep.model
 
 
 # ---- the run's plan ----------------------------------------------------------------------------
 
 
-def dry_run(session: Any, answered: list[int], output_dir: Path) -> dict[str, Any]:
-    """The plan of one run (dry_run.json in `output_dir`), returned as {"dry_run": plan}."""
+def dry_run(session: Session, answer_rows: list[int], output_dir: Path) -> dict[str, Any]:
+    """The plan of one run (dry_run.json in `output_dir`), returned as {"dry_run": plan};
+    `answer_rows`: the questions that get answers."""
     qa, chunks = session.qa, session.chunk_set.chunks
     queries = [q.question for q in qa]
     roles: dict[str, RolePlan] = {}
     timed = timed_searches(len(queries), session.latency)
     retriever, reranker, generator = session.retriever, session.reranker, session.generator
-    dense = retriever._dense_part()
+    contextualizer, compressor = session.parts.contextualizer, session.compressor
+    dense = retriever.dense_part()
     first: Hits | None = None
-    if served(session.parts.contextualizer):
-        roles["contextualize"] = plan_contextualize(session)
+    if contextualizer is not None and served(contextualizer):
+        roles["contextualize"] = plan_contextualize(session, contextualizer)
     unindexed = "contextualize" in roles and pending(roles["contextualize"])  # the indexed texts wait on it
     if dense is not None and served(dense.embedder):
         roles["embed"] = plan_embed(session, dense.embedder, queries, timed)
@@ -129,22 +141,23 @@ def dry_run(session: Any, answered: list[int], output_dir: Path) -> dict[str, An
     else:
         first = first_stage(session, queries)
     hits: Hits | None = None
-    if served(reranker):
+    if served(reranker) and isinstance(reranker, (PointwiseReranker, ListwiseReranker)):
         roles["rerank"], hits = plan_rerank(session, reranker, queries, first, timed)
     elif first is not None:
-        hits = rerank_each(reranker, queries, first, chunks, session.settings.k)
-    if served(session.compressor):
-        roles["compress"] = plan_compress(session, [queries[i] for i in answered], hits, answered)
+        hits = rerank_each(reranker, queries, first, chunks, session.score.k)
+    answered_queries = [queries[i] for i in answer_rows]
+    if served(compressor) and isinstance(compressor, LLMCompressor):
+        roles["compress"] = plan_compress(session, compressor, answered_queries, hits, answer_rows)
     if served(generator):
-        roles["generate"] = plan_generate(session, generator, [queries[i] for i in answered], hits, first, answered)
+        roles["generate"] = plan_generate(session, generator, answered_queries, hits, first, answer_rows)
     if session.judge is not None:
-        roles["judge"] = plan_judge(session.judge, len(answered))
+        roles["judge"] = plan_judge(session.judge, len(answer_rows))
     exact_until = next((r for r in ROLES if r in roles and pending(roles[r])), None)
     plan = {
         "questions": len(queries),
-        "answered_questions": len(answered),
-        "roles": {r: roles[r].to_json(session.config.pricing) for r in ROLES if r in roles},
-        "currency": session.config.pricing.currency,
+        "answered_questions": len(answer_rows),
+        "roles": {r: roles[r].to_json(session.settings.pricing) for r in ROLES if r in roles},
+        "currency": session.settings.pricing.currency,
         "bounded_after": exact_until,
     }
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -152,11 +165,11 @@ def dry_run(session: Any, answered: list[int], output_dir: Path) -> dict[str, An
     return {"dry_run": plan}
 
 
-def rerank_each(reranker: Any, queries: list[str], first: Hits, chunks: list[Any], k: int) -> Hits:
+def rerank_each(reranker: Reranker, queries: list[str], first: Hits, chunks: Sequence[Chunk], k: int) -> Hits:
     """Each question's top k, reranked one question at a time as the run reranks."""
     out = Hits.empty(len(queries), k)
     for q, query in enumerate(queries):
-        row = reranker.rerank([query], Hits(first.ids[q:q + 1].copy(), first.scores[q:q + 1].copy()), chunks, k)
+        row = reranker.rerank([query], Hits(first.ids[q:q + 1].copy(), first.scores[q:q + 1].copy()), list(chunks), k)
         w = min(k, row.width)
         out.ids[q, :w], out.scores[q, :w] = row.ids[0, :w], row.scores[0, :w]
     return out
@@ -166,13 +179,13 @@ def pending(role: RolePlan) -> bool:
     return role.totals()[0] > 0
 
 
-def timed_searches(n_questions: int, latency: Any) -> list[int]:
+def timed_searches(n_questions: int, latency: LatencySettings) -> list[int]:
     """The questions the latency sample searches (again), in order, warm-up included."""
     rows = [int(i) for i in sample_rows(n_questions, latency.sample)]
     return rows[: latency.warmup] + rows * int(latency.repeats) if rows else []
 
 
-def first_stage(session: Any, queries: list[str]) -> Hits:
+def first_stage(session: Session, queries: list[str]) -> Hits:
     """Each question's candidates, searched one at a time as the run searches (in process)."""
     retriever, qa = session.retriever, session.qa
     filters = retriever.route(queries)[0] if retriever.routes else retriever.filters_for([q.corpus for q in qa])
@@ -183,28 +196,27 @@ def first_stage(session: Any, queries: list[str]) -> Hits:
     return out
 
 
-def count_tokens(counter: Any, texts: list[str], pairs_with: str | None = None) -> int:
+def count_tokens(counter: TokenCounter | None, texts: list[str], pairs_with: str | None = None) -> int:
     if counter is not None:
         return counter(texts, pairs_with=pairs_with) if pairs_with is not None else counter(texts)
     return chars_estimate(texts) + (chars_estimate([pairs_with]) * len(texts) if pairs_with is not None else 0)
 
 
-def tokens_method(counter: Any, setting: str) -> str:
+def tokens_method(counter: TokenCounter | None, setting: str) -> str:
     if counter is not None:
         return f"counted with {setting}={counter.ref}"
     return f"estimated as characters / {CHARS_PER_TOKEN} (set {setting} to count exactly)"
 
 
-def plan_contextualize(session: Any) -> RolePlan:
+def plan_contextualize(session: Session, ctx: LLMContextualizer) -> RolePlan:
     """chunker.contextualize=llm through a served model: one request per chunk whose line is not
     recorded, its prompt counted as the generator counts it."""
-    ctx = session.parts.contextualizer
     llm, chunks = ctx.llm, session.chunk_set.chunks
     plan = RolePlan("contextualize", *endpoint_of(llm), items_are="chunks")
     by_id = {d.id: d for d in session.docs}
     todo = ctx.missing(session.docs, chunks, session.cache)
     plan.cached = len(chunks) - len(todo)
-    out = int(getattr(llm, "max_tokens", 0) or 0)
+    out = llm.max_tokens
     if todo:
         asked = [ctx.request(by_id[chunks[i].doc_id], chunks[i]) for i in todo]
         counts, plan.tokens_method = llm.count_prompt_tokens([q for q, _ in asked], [c for _, c in asked])
@@ -214,7 +226,7 @@ def plan_contextualize(session: Any) -> RolePlan:
     return plan
 
 
-def plan_embed(session: Any, embedder: Any, queries: list[str], timed: list[int]) -> RolePlan:
+def plan_embed(session: Session, embedder: Embedder, queries: list[str], timed: list[int]) -> RolePlan:
     plan = RolePlan("embed", *endpoint_of(embedder), items_are="texts",
                     tokens_method=tokens_method(embedder.counter, "embedder.tokenizer"))
     artifacts, counter = session.artifacts, embedder.counter
@@ -222,12 +234,13 @@ def plan_embed(session: Any, embedder: Any, queries: list[str], timed: list[int]
     if session.cache.available("vectors", key):
         plan.cached += 1
     else:
-        # as rag.artifacts.encode_to_npy sends them: a dimension probe, then each distinct text
+        # as rag.embedder.npy_writer.encode_to_npy sends them: a dimension probe, then each distinct text
         # once, but for the blocks an interrupted run recorded
         unique = list(dict.fromkeys(session.chunk_set.indexed_texts))
-        done = BlockLog.recorded(session.cache.pending("vectors", key), len(unique))
-        texts = [t for i, t in enumerate(unique) if i // artifacts_mod.ENCODE_BLOCK not in done] + ["dimension probe"]
-        plan.add(1 - (-(len(texts) - 1) // embedder.batch_size), len(texts), count_tokens(counter, texts), key=key)
+        done = npy_writer.BlockLog.recorded(session.cache.pending("vectors", key), len(unique))
+        texts = [t for i, t in enumerate(unique) if i // npy_writer.ENCODE_BLOCK not in done] + ["dimension probe"]
+        # the probe is a request of its own
+        plan.add(1 + batches(len(texts) - 1, embedder.batch_size), len(texts), count_tokens(counter, texts), key=key)
         if done:
             plan.notes.append(f"{len(unique) - len(texts) + 1} chunk texts were encoded by an interrupted run "
                               f"({len(done)} blocks) and are not asked again")
@@ -241,21 +254,21 @@ def plan_embed(session: Any, embedder: Any, queries: list[str], timed: list[int]
     return plan
 
 
-def plan_rerank(session: Any, reranker: Any, queries: list[str], first: Hits | None,
-                timed: list[int]) -> tuple[RolePlan, Hits | None]:
+def plan_rerank(session: Session, reranker: PointwiseReranker | ListwiseReranker, queries: list[str],
+                first: Hits | None, timed: list[int]) -> tuple[RolePlan, Hits | None]:
     """The rerank role's plan, and the reranked top k when every question's scores are recorded
     (read from the cache, nothing sent); None when some would be asked for."""
-    chunks, k = session.chunk_set.chunks, session.settings.k
-    listwise = isinstance(reranker, ListwiseReranker)
-    counter = getattr(reranker, "counter", None)
+    chunks, k = session.chunk_set.chunks, session.score.k
+    counter = reranker.counter
+    listwise = reranker if isinstance(reranker, ListwiseReranker) else None
     plan = RolePlan("rerank", *endpoint_of(reranker), items_are="windows" if listwise else "documents",
-                    tokens_method=(prompt_method(reranker.llm) if listwise else tokens_method(counter, "reranker.tokenizer")))
+                    tokens_method=prompt_method(listwise.llm) if listwise else tokens_method(counter, "reranker.tokenizer"))
     if first is None:
         bound_rerank(session, reranker, plan, len(queries) + len(timed))
         return plan, None
     heads = [[int(i) for i in first.ids[q] if i >= 0][: reranker.top_n] for q in range(len(queries))]
     for q, query in enumerate(queries):
-        if listwise:
+        if isinstance(reranker, ListwiseReranker):
             windows_to_ask(reranker, plan, query, heads[q], chunks, key_units=True)
         elif heads[q]:
             passages = [reranker.passage(chunks[i]) for i in heads[q]]
@@ -266,13 +279,13 @@ def plan_rerank(session: Any, reranker: Any, queries: list[str], first: Hits | N
                          key=reranker.scores_key(query, passages))
     main_pass_pending = pending(plan)
     for q in timed:  # timed searches rerank anew
-        if listwise:
+        if isinstance(reranker, ListwiseReranker):
             windows_to_ask(reranker, plan, queries[q], heads[q], chunks, key_units=False)
         elif heads[q]:
             passages = [reranker.passage(chunks[i]) for i in heads[q]]
             plan.add(1, len(passages), count_tokens(counter, passages, queries[q]))
     plan.notes.append(f"{len(timed)} timed searches rerank again (eval.latency; eval.latency.sample=0 sends none)")
-    if listwise and main_pass_pending:
+    if isinstance(reranker, ListwiseReranker) and main_pass_pending:
         plan.exact = False
         plan.notes.append("at most: a window answer that cannot be read ends its question's windows")
     if main_pass_pending:
@@ -280,7 +293,7 @@ def plan_rerank(session: Any, reranker: Any, queries: list[str], first: Hits | N
     return plan, rerank_each(reranker, queries, first, chunks, k)  # every score is recorded: read, not asked
 
 
-def windows_to_ask(reranker: ListwiseReranker, plan: RolePlan, query: str, head: list[int], chunks: list[Any],
+def windows_to_ask(reranker: ListwiseReranker, plan: RolePlan, query: str, head: list[int], chunks: Sequence[Chunk],
                    key_units: bool) -> None:
     """A listwise question's windows, bottom to top, following recorded answers; from the first
     window not recorded on, every remaining window is counted (its passages as they stand, since
@@ -301,28 +314,25 @@ def windows_to_ask(reranker: ListwiseReranker, plan: RolePlan, query: str, head:
             else:
                 asking = True
         if asking:
-            plan.add(1, 1, prompt_tokens(llm, query, passages), int(getattr(llm, "max_tokens", 0) or 0),
+            plan.add(1, 1, prompt_tokens(llm, query, passages), llm.max_tokens,
                      key=reranker._key(query, passages) if key_units else None)
 
 
-def prompt_tokens(llm: Any, query: str, contexts: list[Context]) -> int:
-    if hasattr(llm, "count_prompt_tokens"):
-        return int(llm.count_prompt_tokens([query], [contexts])[0][0])
-    return chars_estimate([query] + [c.text for c in contexts])
+def prompt_tokens(llm: Generator, query: str, contexts: list[Context]) -> int:
+    return int(llm.count_prompt_tokens([query], [contexts])[0][0])
 
 
-def prompt_method(llm: Any) -> str:
-    if hasattr(llm, "count_prompt_tokens"):
-        return llm.count_prompt_tokens(["x"], [[]])[1]
-    return f"estimated as characters / {CHARS_PER_TOKEN}"
+def prompt_method(llm: Generator) -> str:
+    """How the generator counts a prompt's tokens."""
+    return llm.count_prompt_tokens(["x"], [[]])[1]
 
 
-def mean_chunk_chars(session: Any) -> float:
+def mean_chunk_chars(session: Session) -> float:
     texts = session.chunk_set.texts
     return float(np.mean([len(t) for t in texts])) if texts else 0.0
 
 
-def bound_rerank(session: Any, reranker: Any, plan: RolePlan, searches: int) -> None:
+def bound_rerank(session: Session, reranker: PointwiseReranker | ListwiseReranker, plan: RolePlan, searches: int) -> None:
     """No candidates are known (a served embedder's queries decide them): every search reranks,
     each over top_n chunks of the corpus's mean length."""
     n_docs = min(reranker.top_n, len(session.chunk_set))
@@ -332,7 +342,7 @@ def bound_rerank(session: Any, reranker: Any, plan: RolePlan, searches: int) -> 
         windows = len(reranker.window_spans(n_docs))
         per_window = min(reranker.window, n_docs) * min(mean, reranker.passage_chars) / CHARS_PER_TOKEN
         empty = prompt_tokens(reranker.llm, "", [])
-        out = int(getattr(reranker.llm, "max_tokens", 0) or 0)
+        out = reranker.llm.max_tokens
         plan.add(searches * windows, searches * windows, int(searches * windows * (empty + per_window)),
                  searches * windows * out)
     else:
@@ -342,32 +352,32 @@ def bound_rerank(session: Any, reranker: Any, plan: RolePlan, searches: int) -> 
     plan.notes.append(f"at most: {searches} searches (questions and timed searches), candidates not known")
 
 
-def plan_generate(session: Any, generator: Any, queries: list[str], hits: Hits | None, first: Hits | None,
-                  answered: list[int]) -> RolePlan:
+def plan_generate(session: Session, generator: Generator, queries: list[str], hits: Hits | None, first: Hits | None,
+                  answer_rows: list[int]) -> RolePlan:
     plan = RolePlan("generate", *endpoint_of(generator), items_are="answers")
-    max_tokens = int(getattr(generator, "max_tokens", 0) or 0)
+    max_tokens = generator.max_tokens
     if hits is not None:  # the contexts are the run's own: answers in the cache are known
         contexts = session.context_builder.build(hits, session.chunk_set)
-        contexts = [contexts[i] for i in answered]
+        contexts = [contexts[i] for i in answer_rows]
         counts, plan.tokens_method = generator.count_prompt_tokens(queries, contexts)
         if session.cache.available("answers", answers_key(generator, queries, contexts)):
             plan.cached = len(queries)
             return plan
         keys = answer_keys(generator.id, queries, contexts)
         for i, key in enumerate(keys):
-            if getattr(generator, "resumable", False) and session.cache.get_record(RECORD_KIND, key) is not None:
+            if generator.resumable and session.cache.get_record(RECORD_KIND, key) is not None:
                 plan.cached += 1
             else:
                 plan.add(1, 1, counts[i], max_tokens, key=key)
         return plan
     plan.exact = False
     if first is not None:  # contexts from the first stage's top k: the reranker's order is not known
-        contexts = session.context_builder.build(first.top(session.settings.k), session.chunk_set)
-        counts, method = generator.count_prompt_tokens(queries, [contexts[i] for i in answered])
+        contexts = session.context_builder.build(first.top(session.score.k), session.chunk_set)
+        counts, method = generator.count_prompt_tokens(queries, [contexts[i] for i in answer_rows])
         plan.tokens_method = f"estimated on the first stage's top k (the served reranker's order is not known); {method}"
     else:
         bare, method = generator.count_prompt_tokens(queries, [[] for _ in queries])
-        extra = session.settings.k * mean_chunk_chars(session) / CHARS_PER_TOKEN
+        extra = session.score.k * mean_chunk_chars(session) / CHARS_PER_TOKEN
         counts = [int(b + extra) for b in bare]
         plan.tokens_method = (f"estimated: the contexts depend on the served embedder's answers; each prompt "
                               f"{method.split(' (')[0]}, plus k chunks of the corpus's mean length / {CHARS_PER_TOKEN}")
@@ -377,21 +387,22 @@ def plan_generate(session: Any, generator: Any, queries: list[str], hits: Hits |
     return plan
 
 
-def plan_compress(session: Any, queries: list[str], hits: Hits | None, answered: list[int]) -> RolePlan:
+def plan_compress(session: Session, compressor: LLMCompressor, queries: list[str], hits: Hits | None,
+                  answer_rows: list[int]) -> RolePlan:
     """compressor=llm through a served model: one request per context of each answered question,
     at most (excerpts already recorded are not sent); tokens counted on the contexts when they are
     known, else estimated from k chunks of the corpus's mean length."""
-    llm = session.compressor.llm
+    llm = compressor.llm
     plan = RolePlan("compress", *endpoint_of(llm), items_are="contexts", exact=False)
-    out = int(getattr(llm, "max_tokens", 0) or 0)
+    out = llm.max_tokens
     if hits is not None:
         contexts = session.context_builder.build(hits, session.chunk_set)
-        for q, i in zip(queries, answered):
+        for q, i in zip(queries, answer_rows):
             for c in contexts[i]:
                 plan.add(1, 1, prompt_tokens(llm, q, [c]), out)
         plan.tokens_method = prompt_method(llm)
     else:
-        k, mean = session.settings.k, mean_chunk_chars(session)
+        k, mean = session.score.k, mean_chunk_chars(session)
         for q in queries:
             plan.add(k, k, int(k * (prompt_tokens(llm, q, []) + mean / CHARS_PER_TOKEN)), k * out)
         plan.tokens_method = f"estimated: k contexts of the corpus's mean length, characters / {CHARS_PER_TOKEN}"
@@ -399,7 +410,7 @@ def plan_compress(session: Any, queries: list[str], hits: Hits | None, answered:
     return plan
 
 
-def plan_judge(judge: Any, answered: int) -> RolePlan:
+def plan_judge(judge: Judge, answered: int) -> RolePlan:
     d = judge.describe()
     plan = RolePlan("judge", d["base_url"], d["model"], items_are="verdicts", exact=False,
                     tokens_method="not counted (the judge's prompts hold the answers, not generated in a dry run)")

@@ -8,11 +8,12 @@ against each other when they are created (rag/session.py `create_components`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from eval.labels import LABEL_METRICS
 from eval.scoring import ANSWER_METRICS, SIMILARITY_METRICS
 from rag.corpus.slicing import check_unique_ids
+from rag.reranker.base import Reranker
+from rag.retriever.base import Retriever
 from rag.types import Document, QAItem, RagError
 
 Asker = tuple[str, "str | None", "str | None"]  # who, corpus tag, answer document
@@ -74,7 +75,7 @@ def labels_inside_documents(qa: Sequence[QAItem], doc_lengths: dict[str, int]) -
 
 
 def run(objective: str, all_qa: Sequence[QAItem], all_docs: Sequence[Document], qa: Sequence[QAItem],
-        docs: Sequence[Document], max_doc_chars: int | None, retriever: Any, reranker: Any,
+        docs: Sequence[Document], max_doc_chars: int | None, retriever: Retriever, reranker: Reranker,
         askers: Sequence[Asker] = ()) -> None:
     """Every data check, in this order (the first failure stops the run); `all_*` are the loaded
     inputs, `qa` and `docs` the slice the run evaluates:

@@ -5,14 +5,16 @@ system would), then rerank, each timed. A run's main pass, its latency sample (r
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
 
-from rag.retriever import Retriever, SourceFilter
+from rag.reranker.base import Reranker
+from rag.retriever.base import Retriever
+from rag.retriever.source_filter import SourceFilter
 from rag.types import Chunk, Hits
 
 
-def retrieve_rerank(retriever: Retriever, reranker: Any, query: str, source_filter: SourceFilter, depth: int,
-                    chunks: list[Chunk], k: int, reuse: bool = True) -> tuple[Hits, float, float]:
+def retrieve_rerank(retriever: Retriever, reranker: Reranker, query: str, source_filter: SourceFilter, depth: int,
+                    chunks: Sequence[Chunk], k: int, reuse: bool = True) -> tuple[Hits, float, float]:
     """(the top k after reranking, retrieve ms, rerank ms). `reuse=False` for a timed search: the
     candidates kept by an earlier search in this process are not taken (rag.retriever)."""
     t0 = time.perf_counter()
@@ -22,8 +24,8 @@ def retrieve_rerank(retriever: Retriever, reranker: Any, query: str, source_filt
     return hits, 1000.0 * (t1 - t0), 1000.0 * (time.perf_counter() - t1)
 
 
-def retrieve_rerank_all(retriever: Retriever, reranker: Any, queries: list[str], filters: list[SourceFilter],
-                        depth: int, chunks: list[Chunk], k: int) -> tuple[Hits, float, float]:
+def retrieve_rerank_all(retriever: Retriever, reranker: Reranker, queries: list[str], filters: list[SourceFilter],
+                        depth: int, chunks: Sequence[Chunk], k: int) -> tuple[Hits, float, float]:
     """Every question's top k, one question at a time (candidates reused where kept), with the
     milliseconds spent retrieving and reranking in all."""
     out = Hits.empty(len(queries), k)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["BadReply", "decode_reply", "reported_tokens", "shown"]
@@ -58,13 +59,25 @@ def decode_reply(text: str) -> Any:
 def _where(node: Any, path: str) -> str | None:
     if isinstance(node, _Unusable):
         return path
-    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    children: Iterable[tuple[str | int, Any]]
+    if isinstance(node, dict):
+        children = node.items()
+    elif isinstance(node, list):
+        children = enumerate(node)
+    else:
+        return None
     for key, child in children:
-        step = f"[{key}]" if isinstance(key, int) else f".{key}" if path else str(key)
-        found = _where(child, path + step)
+        found = _where(child, path + _step(key, path))
         if found is not None:
             return found
     return None
+
+
+def _step(key: str | int, path: str) -> str:
+    """`key` as the next step of `path`: [2] for an array index, .name after a path, name at the top."""
+    if isinstance(key, int):
+        return f"[{key}]"
+    return f".{key}" if path else str(key)
 
 
 def shown(value: Any) -> str:

@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
-from rag.cache import atomic_write_text
+from rag.atomic import atomic_write_text
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ REPORT_FILES = ("summary.csv", "summary.md", "comparison.csv", "report.html")
 # The list of the files a comparison report wrote into its directory (experiments.report_files):
 # the only files a later report there removes or replaces.
 REPORT_MARKER = ".ragrig_report.json"
-# Temporary names of atomic writes (rag.cache.atomic_write_text) that a killed run left behind.
+# Temporary names of atomic writes (rag.atomic.atomic_write_text) that a killed run left behind.
 STAGED_GLOB = ".*.tmp-*"
 
 _held: dict[Path, IO[str]] = {}  # the locks of the directories this process has claimed (held until exit)
@@ -152,8 +152,8 @@ def _staged_target(rel: str) -> str | None:
 
 def _log_names(out: Path) -> list[str]:
     """The log files Hydra's handlers write in `out` (run.log unless the job has another name)."""
-    names = [Path(h.baseFilename).name for h in logging.getLogger().handlers
-             if getattr(h, "baseFilename", None) and Path(h.baseFilename).parent == out.resolve()]
+    files = [Path(name) for h in logging.getLogger().handlers if (name := getattr(h, "baseFilename", None))]
+    names = [f.name for f in files if f.parent == out.resolve()]
     return names or [LOG_FILE]
 
 

@@ -56,7 +56,7 @@ def _shown(value: str) -> str:
     return (m.group(1) if m else "") + REDACTED
 
 
-def looks_like_secret(value: Any) -> bool:
+def looks_like_secret(value: object) -> bool:
     """A provider-shaped key, or a long random-looking token (letters mixed with digits, no path
     or host separators): what a pasted key looks like, and what a variable's name does not."""
     if not isinstance(value, str):
@@ -70,7 +70,7 @@ def looks_like_secret(value: Any) -> bool:
     return classes >= 2 and any(c.isdigit() for c in v)
 
 
-def is_env_name(value: Any) -> bool:
+def is_env_name(value: object) -> bool:
     """Whether `value` can be an environment variable's name and is not a pasted key (a variable
     that is set counts as a name, whatever it looks like)."""
     if not isinstance(value, str) or not _ENV_NAME.match(value):
@@ -83,7 +83,7 @@ def _is_secret_key(key: str) -> bool:
     return k in _SECRET_KEYS or k.endswith(_SECRET_ENDINGS)
 
 
-def problem(key: str, value: Any) -> str | None:
+def problem(key: str, value: object) -> str | None:
     """The one line refusing `key=value`, or None when it holds nothing secret-looking. The line
     never holds the value itself."""
     name = key.rpartition(".")[2]

@@ -23,7 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rag.cache import MANIFEST, RECORD_SUMS, SEED_INDEX, ArtifactCache, atomic_write_text, file_sha256
+from rag.atomic import atomic_write_text
+from rag.cache import MANIFEST, SEED_INDEX, ArtifactCache, file_sha256
+from rag.cache_records import RECORD_SUMS
 from rag.types import RagError
 
 ARTIFACTS = ("vectors",)

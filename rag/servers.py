@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Self
 
 from rag.config import PROJECT_ROOT
 from rag.types import RagError
@@ -46,17 +46,17 @@ class LocalServer:
     def command(self) -> list[str]:
         raise NotImplementedError
 
-    def start(self, timeout_s: float = 300.0) -> "LocalServer":
+    def start(self, timeout_s: float = 300.0) -> Self:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
         if self.threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         try:
-            self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(self.command(), env=env, stdout=log or subprocess.DEVNULL,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         finally:
-            if self.log_path:
+            if log is not None:
                 log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -99,10 +99,10 @@ class LocalServer:
             return 0
         return sum(needle in line for line in self.log_path.read_text(errors="replace").splitlines())
 
-    def __enter__(self) -> "LocalServer":
+    def __enter__(self) -> Self:
         return self.start() if self.proc is None else self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

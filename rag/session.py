@@ -9,6 +9,7 @@ a question set with it; `rag.ask` answers typed questions with the same session.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,22 +17,28 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from eval.judge import Judge
 from eval.scoring import ANSWER_METRICS, ScoreSettings
 from rag import preflight
-from rag.preflight import Asker
-from rag.artifacts import Artifacts, ChunkSet
+from rag.artifacts import Artifacts
 from rag.cache import ArtifactCache
-from rag.chunker import contextualize
+from rag.chunk_set import ChunkSet
+from rag.chunker import Chunker, contextualize
+from rag.chunker.contextualize import LLMContextualizer
 from rag.chunker.token import TokenChunker
+from rag.compressor.base import Compressor
 from rag.context import ContextBuilder
-from rag.latency import LatencySettings
+from rag.corpus.base import Corpus
 from rag.corpus.slicing import Kept, slice_documents, slice_questions
+from rag.embedder.base import Embedder
+from rag.latency import LatencySettings
 from rag.llm import Generator, NoGenerator
 from rag.models import use_cache
-from rag.plan import served
-from rag.qa import NoQuestions
+from rag.preflight import Asker
+from rag.qa.base import NoQuestions, QuestionSet
 from rag.reranker.base import Reranker
-from rag.retriever import Retriever
+from rag.retriever.base import Retriever
+from rag.served import served
 from rag.settings import Settings, to_plain
 from rag.timing import StageTimer
 from rag.types import Document, QAItem, RagError
@@ -81,8 +88,10 @@ def _unknown_setting(e: InstantiationException, node: Any) -> str | None:
         params = [p for p in inspect.signature(get_method(target)).parameters if p not in ("self", "args", "kwargs")]
     except Exception:  # noqa: BLE001 - no signature to show: name the key alone
         params = []
-    from rag.config import near_names
+    from rag.config import endpoint_settings, near_names
 
+    if "endpoint" in params and key in endpoint_settings():  # added by its name from before the endpoint node
+        return f"{prefix}{key} is now {prefix}endpoint.{key}"
     known = f"; its settings: {', '.join(params)}" if params else ""
     return f"{prefix}{key} is not a setting of {target.rpartition('.')[2]}{near_names(key, params)}{known}"
 
@@ -91,19 +100,19 @@ def _unknown_setting(e: InstantiationException, node: Any) -> str | None:
 class Components:
     """Everything the settings build before any data is read."""
 
-    settings: ScoreSettings
-    corpus: Any
-    questions: Any
-    chunker: Any
+    score: ScoreSettings
+    corpus: Corpus
+    questions: QuestionSet
+    chunker: Chunker
     retriever: Retriever
     reranker: Reranker
     generator: Generator
-    compressor: Any  # rag.compressor.Compressor
-    contextualizer: Any  # chunker.contextualize=llm's LLMContextualizer, else None
-    eval_embedder: Any
+    compressor: Compressor
+    contextualizer: LLMContextualizer | None  # chunker.contextualize=llm's, else None
+    eval_embedder: Embedder
     context_builder: ContextBuilder
     latency: LatencySettings
-    judge: Any  # eval.judge.Judge when eval.judge.enabled, else None
+    judge: Judge | None  # when eval.judge.enabled
 
 
 @dataclass
@@ -111,7 +120,7 @@ class Session:
     """A configured pipeline with its artifacts built or loaded. `run` evaluates a question set
     with it; `rag.ask` answers typed questions."""
 
-    config: Settings
+    settings: Settings
     cache: ArtifactCache
     timer: StageTimer
     parts: Components
@@ -126,23 +135,50 @@ class Session:
     kept: dict[str, Kept] = field(default_factory=dict)
 
     # The components, under the names the stages use.
-    settings = property(lambda self: self.parts.settings)
-    retriever = property(lambda self: self.parts.retriever)
-    reranker = property(lambda self: self.parts.reranker)
-    generator = property(lambda self: self.parts.generator)
-    compressor = property(lambda self: self.parts.compressor)
-    eval_embedder = property(lambda self: self.parts.eval_embedder)
-    context_builder = property(lambda self: self.parts.context_builder)
-    latency = property(lambda self: self.parts.latency)
-    judge = property(lambda self: self.parts.judge)
+    @property
+    def score(self) -> ScoreSettings:
+        """How the run is scored (eval.k, the metrics, ...)."""
+        return self.parts.score
+
+    @property
+    def retriever(self) -> Retriever:
+        return self.parts.retriever
+
+    @property
+    def reranker(self) -> Reranker:
+        return self.parts.reranker
+
+    @property
+    def generator(self) -> Generator:
+        return self.parts.generator
+
+    @property
+    def compressor(self) -> Compressor:
+        return self.parts.compressor
+
+    @property
+    def eval_embedder(self) -> Embedder:
+        return self.parts.eval_embedder
+
+    @property
+    def context_builder(self) -> ContextBuilder:
+        return self.parts.context_builder
+
+    @property
+    def latency(self) -> LatencySettings:
+        return self.parts.latency
+
+    @property
+    def judge(self) -> Judge | None:
+        return self.parts.judge
 
     @property
     def depth(self) -> int:
         """Candidates retrieved per question: k, or more when the reranker wants to see more."""
-        return max(self.settings.k, int(getattr(self.reranker, "top_n", 0) or 0))
+        return max(self.score.k, self.reranker.top_n)
 
 
-def open_session(settings: Settings, askers: list[Asker] = (), scored: bool = True) -> Session:
+def open_session(settings: Settings, askers: Sequence[Asker] = (), scored: bool = True) -> Session:
     """`askers`: more (who, corpus tag, answer document) whose source filters are checked with the
     questions', before any model loads (rag.ask's --corpus). `scored`: the session evaluates its
     question set (a run), which qa=none cannot give; rag.ask answers typed questions without one."""
@@ -167,19 +203,19 @@ def open_session(settings: Settings, askers: list[Asker] = (), scored: bool = Tr
         chunk_set = artifacts.chunks(parts.chunker, to_plain(settings.nodes.chunker), docs)
     # A dry run asks a served contextualizer nothing: rag.plan counts the chunks it would ask about.
     ctx = parts.contextualizer
-    unasked = bool(settings.dry_run and served(ctx) and ctx.missing(docs, chunk_set.chunks, cache))
+    unasked = bool(settings.dry_run and ctx is not None and served(ctx) and ctx.missing(docs, chunk_set.chunks, cache))
     if settings.contextualize != "none" and not unasked:
         with timer.stage("contextualize"):
             lines = contextualize.prefixes(settings.contextualize, docs, chunk_set.chunks, parts.contextualizer, cache)
         tag = parts.contextualizer.tag if parts.contextualizer is not None else settings.contextualize
         chunk_set = artifacts.chunk_set = chunk_set.contextualized(tag, lines)
     log.info("%d documents -> %d chunks; %d questions", len(docs), len(chunk_set), len(qa))
-    if parts.settings.k > len(chunk_set):
-        raise RagError(f"eval.k ({parts.settings.k}) is larger than the number of chunks ({len(chunk_set)})")
+    if parts.score.k > len(chunk_set):
+        raise RagError(f"eval.k ({parts.score.k}) is larger than the number of chunks ({len(chunk_set)})")
 
     # A dry run (rag.plan) sends nothing: a served embedder's vectors are counted, not built, and
     # no served part is warmed up (that would ask the server).
-    dense = parts.retriever._dense_part()
+    dense = parts.retriever.dense_part()
     searchable = not (settings.dry_run and (unasked or (dense is not None and served(dense.embedder))))
     if searchable:
         parts.retriever.prepare(artifacts)
@@ -246,7 +282,7 @@ def create_components(settings: Settings, models: ArtifactCache) -> Components:
     return parts
 
 
-def build_judge(node: Any, generator: Any) -> Any:
+def build_judge(node: Any, generator: Generator) -> Judge | None:
     """The LLM judge of `eval.judge` (eval/judge.py), or None when it is not enabled."""
     if node is None:
         return None
@@ -255,7 +291,7 @@ def build_judge(node: Any, generator: Any) -> Any:
     return create({k: v for k, v in to_plain(node).items() if k != "enabled"})
 
 
-def check_objective(objective: str, settings: ScoreSettings, generator: Any) -> None:
+def check_objective(objective: str, settings: ScoreSettings, generator: Generator) -> None:
     if objective not in settings.metrics:
         raise RagError(f"objective {objective!r} is not among the reported metrics {list(settings.metrics)}")
     if objective in ANSWER_METRICS and isinstance(generator, NoGenerator):

@@ -3,9 +3,9 @@ dataclasses (`load(cfg)`), checked there with one-line messages. Below this door
 the raw config: the session and the stages get these settings, and each component is instantiated
 from its own node (`Settings.nodes`, `_target_` + hydra.utils.instantiate).
 
-Each settings class carries the rules of its own keys (`RULES`); the components' keys (corpus,
-chunker, embedder, index, retriever, fusion, reranker, llm) are checked by rag/schema.py's tables,
-since a component's node is its own constructor's arguments.
+Each settings class carries the rules of its own keys (`RULES`); the components' nodes (corpus,
+chunker, embedder, index, retriever, fusion, reranker, llm, ...) are their constructors' arguments,
+checked by the rules of the constructors' annotations (rag/schema.py's `check_components`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from eval.scoring import ScoreSettings
 from rag.chunker.contextualize import check_mode
 from rag.latency import LatencySettings
-from rag.schema import (CHART_FORMATS, COMPONENT_RULES, Check, boolean, check_all, integer, label, number, path,
+from rag.schema import (CHART_FORMATS, Check, boolean, check_all, check_components, integer, label, number, path,
                         resolved, string, strings)
 from rag.secrets import check as check_secrets
 from rag.types import RagError
@@ -209,8 +209,11 @@ RULES: dict[str, Check] = {
     **prefixed("report", RunReport.RULES),
     **prefixed("eval", EVAL_RULES),
     **prefixed("pricing", Pricing.RULES),
-    **COMPONENT_RULES,
 }
+
+# The components' nodes, in the order they are checked (an error names the first bad value).
+COMPONENTS = ("corpus", "qa", "chunker", "compressor", "embedder", "eval.embedder", "index", "retriever", "fusion",
+              "reranker", "llm")
 
 
 def validate(cfg: DictConfig) -> dict[str, Any]:
@@ -218,11 +221,24 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     value anywhere (a key, a key where a variable's name belongs, a URL's password: rag.secrets)
     is refused first, in a line that does not repeat it: the resolved config is what metrics.json
     and config_resolved.yaml record."""
-    check_secrets(OmegaConf.to_container(cfg, resolve=False))  # before a missing value is reported
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    check_secrets(raw)  # before a missing value is reported
     data = resolved(cfg)
     check_secrets(data)  # and what interpolations (${oc.env:...}) resolved to
     check_all(data, RULES)
+    check_components(raw, data, [*COMPONENTS, *_built_if_chosen(data)])
     return data
+
+
+def _built_if_chosen(data: dict[str, Any]) -> list[str]:
+    """The nodes built only when a setting asks for them (rag.session), checked only then. The
+    judge checks its own settings (eval/judge.py); its endpoint's are checked here."""
+    chosen = []
+    if str((data.get("chunker") or {}).get("contextualize", "none")) == "llm":
+        chosen.append("contextualizer")
+    if ((data.get("eval") or {}).get("judge") or {}).get("enabled", False):
+        chosen.append("eval.judge.endpoint")
+    return chosen
 
 
 def load(cfg: DictConfig) -> Settings:

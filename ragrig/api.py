@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -15,6 +15,9 @@ from omegaconf import DictConfig
 from rag.config import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
 from rag.result import RunResult
 from rag.types import RagError
+
+if TYPE_CHECKING:
+    from rag.session import Session as PipelineSession
 
 PathLike = str | Path
 
@@ -127,16 +130,22 @@ class Session:
     """A configured pipeline loaded once (from the artifact cache, building what is missing), asked
     many questions. Made by `open_session`."""
 
-    def __init__(self, session: Any) -> None:
-        self._session = session
+    def __init__(self, session: PipelineSession) -> None:
+        self._session: PipelineSession | None = session
+
+    @property
+    def _pipeline(self) -> PipelineSession:
+        if self._session is None:
+            raise RagError("this session is closed: ask within the `with ragrig.open_session(...)` block")
+        return self._session
 
     @property
     def variant(self) -> str:
-        return self._session.config.variant
+        return self._pipeline.settings.variant
 
     @property
     def chunks(self) -> int:
-        return len(self._session.chunk_set)
+        return len(self._pipeline.chunk_set)
 
     def ask(self, question: str, corpus: str | None = None) -> Answer:
         """One question through retrieve, rerank, contexts and generate. `corpus`: the group tag
@@ -147,13 +156,13 @@ class Session:
             raise RagError("the question is empty")
         if corpus is not None:
             self._check_corpus(corpus)
-        out = answer(self._session, question, corpus)
+        out = answer(self._pipeline, question, corpus)
         return Answer(question=out["question"], answer=out["answer"],
                       contexts=[Context(**c) for c in out["contexts"]], latency_ms=dict(out["latency_ms"]))
 
     def _check_corpus(self, corpus: str) -> None:
         # A typo would silently retrieve nothing.
-        known = sorted({d.source for d in self._session.docs})
+        known = sorted({d.source for d in self._pipeline.docs})
         if corpus not in known:
             raise RagError(f"corpus {corpus!r} names no documents of this session; its groups: {', '.join(known)}")
 

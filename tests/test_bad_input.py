@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from rag.config import PROJECT_ROOT
-from rag.index import FlatL2Index
+from rag.index.faiss_index import FlatL2Index
 from rag.pipeline import run
 from rag.types import RagError
 from tests.conftest import MODEL_CACHE, TINY_DOCS, TINY_QA, tiny_overrides, write_jsonl

@@ -11,7 +11,7 @@ import pytrec_eval
 from rag.config import data_dir
 from rag.corpus import BeirCorpus
 from rag.pipeline import run
-from rag.qa import BeirQuestions
+from rag.corpus.beir import BeirQuestions
 from rag.types import RagError, Relevance
 
 N_DOCS, N_QUERIES = 30, 10

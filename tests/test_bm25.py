@@ -10,8 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import rag.bm25
-from rag.bm25 import BM25Index, token_ids, tokenize, top_k, write_bm25s_index
+import rag.retriever.bm25
+import rag.retriever.bm25_build
+import rag.retriever.maxscore
+from rag.retriever.bm25 import BM25Index, top_k
+from rag.retriever.bm25_build import write_bm25s_index
+from rag.retriever.tokens import token_ids, tokenize
 from rag.config import PROJECT_ROOT
 from rag.types import RagError
 
@@ -88,12 +92,13 @@ def test_a_memory_mapped_index_scores_and_filters_as_the_loaded_one(tmp_path):
         np.testing.assert_array_equal(a.ids, b.ids)
         np.testing.assert_array_equal(a.scores, b.scores)
     assert BM25Index("rank_bm25", mmap=True).mmap is False, "rank_bm25 has no files to map"
-    with pytest.raises(RagError, match="retriever mmap must be true or false, got 'yes'"):
+    with pytest.raises(RagError, match="retriever.mmap must be true or false, got 'yes'"):
         BM25Index("bm25s", mmap="yes")
 
 
 def test_a_run_with_mmap_searches_the_mapped_files_it_just_built(tmp_path):
-    from rag.artifacts import Artifacts, ChunkSet
+    from rag.artifacts import Artifacts
+    from rag.chunk_set import ChunkSet
     from rag.cache import ArtifactCache
     from rag.types import Chunk
 
@@ -109,7 +114,7 @@ def test_a_run_with_mmap_searches_the_mapped_files_it_just_built(tmp_path):
 def test_bad_backend_and_parameters():
     with pytest.raises(RagError, match="backend"):
         BM25Index("lucene")
-    with pytest.raises(RagError, match="b="):
+    with pytest.raises(RagError, match=r"retriever\.b must be in \[0, 1\], got 1\.5"):
         BM25Index(b=1.5)
 
 
@@ -224,13 +229,13 @@ def assert_same_files(got: Path, expect: Path) -> None:
 def tokenized(monkeypatch) -> list[int]:
     """The number of texts tokenized by a streamed build, one entry a batch."""
     counts: list[int] = []
-    real = rag.bm25.iter_tokens
+    real = rag.retriever.bm25_build.iter_tokens
 
     def counting(texts, *args):
         counts.append(len(texts))
         return real(texts, *args)
 
-    monkeypatch.setattr(rag.bm25, "iter_tokens", counting)
+    monkeypatch.setattr(rag.retriever.bm25_build, "iter_tokens", counting)
     return counts
 
 
@@ -279,7 +284,7 @@ def test_a_build_killed_by_sigkill_resumes_from_what_it_flushed(tmp_path, saved_
     script = (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "from rag.bm25 import write_bm25s_index\n"
+        "from rag.retriever.bm25_build import write_bm25s_index\n"
         "from tests.test_bm25 import batched, varied_texts\n"
         "def batches():\n"
         "    for i, texts in enumerate(batched(varied_texts(), 7)):\n"
@@ -335,7 +340,7 @@ def test_a_streamed_build_needs_the_bm25s_backend(tmp_path):
         BM25Index("rank_bm25").build_stream(batched(CORPUS, 5), tmp_path)
 
 
-# ---- MaxScore pruning (rag/bm25_maxscore.py) ----------------------------------------------------
+# ---- MaxScore pruning (rag/retriever/maxscore.py) ----------------------------------------------------
 
 @pytest.fixture(scope="module")
 def zipf_index():
@@ -347,11 +352,11 @@ def zipf_index():
 
 
 def exhaustive(index, queries, n, allowed=None, monkeypatch=None):
-    monkeypatch.setattr(rag.bm25, "PRUNE_FROM_POSTINGS", 10**12)
+    monkeypatch.setattr(rag.retriever.bm25, "PRUNE_FROM_POSTINGS", 10**12)
     try:
         return index.search(queries, n, allowed)
     finally:
-        monkeypatch.setattr(rag.bm25, "PRUNE_FROM_POSTINGS", 0)
+        monkeypatch.setattr(rag.retriever.bm25, "PRUNE_FROM_POSTINGS", 0)
 
 
 @pytest.mark.parametrize("n", [1, 10, 100])
@@ -360,8 +365,8 @@ def test_pruned_search_returns_the_exhaustive_top_n_to_the_bit(zipf_index, monke
     index, queries = zipf_index
     allowed = np.arange(0, index.n_docs, 3) if filtered else None
     used = []
-    real = rag.bm25.maxscore.candidates
-    monkeypatch.setattr(rag.bm25.maxscore, "candidates", lambda *a, **k: used.append(real(*a, **k)) or used[-1])
+    real = rag.retriever.maxscore.candidates
+    monkeypatch.setattr(rag.retriever.maxscore, "candidates", lambda *a, **k: used.append(real(*a, **k)) or used[-1])
     want = exhaustive(index, queries, n, allowed, monkeypatch)
     got = index.search(queries, n, allowed)
     np.testing.assert_array_equal(got.ids, want.ids)
@@ -371,13 +376,13 @@ def test_pruned_search_returns_the_exhaustive_top_n_to_the_bit(zipf_index, monke
 
 def test_small_queries_are_scored_whole(zipf_index, monkeypatch):
     index, queries = zipf_index
-    monkeypatch.setattr(rag.bm25, "PRUNE_FROM_POSTINGS", 10**12)
-    monkeypatch.setattr(rag.bm25.maxscore, "candidates", lambda *a, **k: pytest.fail("pruned below the threshold"))
+    monkeypatch.setattr(rag.retriever.bm25, "PRUNE_FROM_POSTINGS", 10**12)
+    monkeypatch.setattr(rag.retriever.maxscore, "candidates", lambda *a, **k: pytest.fail("pruned below the threshold"))
     index.search(queries[:5], 10)
 
 
 def test_the_streamed_build_saves_each_terms_largest_score(tmp_path):
-    from rag.bm25_maxscore import IMPACTS_FILE
+    from rag.retriever.maxscore import IMPACTS_FILE
 
     write_bm25s_index(batched(varied_texts(), 7), tmp_path, k1=1.5, b=0.75, stopwords=True, stem=True)
     data, indptr = np.load(tmp_path / "data.csc.index.npy"), np.load(tmp_path / "indptr.csc.index.npy")

@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from rag.cache import ArtifactCache, atomic_write_text, make_key
+from rag.atomic import atomic_write_text
+from rag.cache import ArtifactCache, make_key
 
 
 def test_key_depends_on_params_and_parents_not_on_dict_order():
@@ -52,7 +53,7 @@ def test_failed_build_leaves_nothing_behind(tmp_path):
 def test_what_a_library_writes_privately_into_a_build_is_published_under_the_umask(tmp_path):
     import os
 
-    from rag.cache import umask_mode
+    from rag.atomic import umask_mode
 
     def private(tmp):  # safetensors, for one, writes its files 0600
         (tmp / "model").mkdir(mode=0o700)

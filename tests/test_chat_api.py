@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from rag.endpoint import EndpointSettings
 from rag.llm.chat_api import ChatEndpoint, EndpointError, map_concurrent
 from rag.types import RagError
 from tests.scripted_endpoint import ScriptedEndpoint, completion
@@ -15,8 +16,10 @@ from tests.scripted_endpoint import ScriptedEndpoint, completion
 MSG = [{"role": "user", "content": "hello"}]
 
 
-def endpoint(base_url: str, **kw) -> ChatEndpoint:
-    return ChatEndpoint(base_url, kw.pop("model", "m"), backoff_s=kw.pop("backoff_s", 0.01), **kw)
+def endpoint(base_url: str, model: str = "m", api_key_env: str | None = None, what: str = "llm",
+             **settings) -> ChatEndpoint:
+    return ChatEndpoint(base_url, model, api_key_env, settings=EndpointSettings(**{"backoff_s": 0.01, **settings}),
+                        what=what)
 
 
 def free_port() -> int:
@@ -65,7 +68,7 @@ def test_backoff_grows_exponentially():
 
 def test_timeouts_are_retried_then_reported():
     with ScriptedEndpoint(delay_s=2.0) as srv:
-        with pytest.raises(EndpointError, match=r"no complete response within 0.5 s \(llm.timeout_s\)"):
+        with pytest.raises(EndpointError, match=r"no complete response within 0.5 s \(llm.endpoint.timeout_s\)"):
             endpoint(srv.base_url, timeout_s=0.5, max_retries=1).chat(MSG, {})
         assert srv.await_requests(2) == 2
 

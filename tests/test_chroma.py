@@ -1,4 +1,4 @@
-"""`index=chroma` (rag/chroma.py): Chroma's embedded client over the run's own vectors, stored in
+"""`index=chroma` (rag/index/chroma.py): Chroma's embedded client over the run's own vectors, stored in
 the artifact cache, searched and filtered like the FAISS indexes. Needs the chroma extra
 (make test-chroma); without it these tests are skipped and tests/test_index.py checks the
 one-line error."""
@@ -12,8 +12,8 @@ import pytest
 
 chromadb = pytest.importorskip("chromadb")
 
-from rag.chroma import MANIFEST, ChromaIndex  # noqa: E402
-from rag.index import FlatIPIndex  # noqa: E402
+from rag.index.chroma import MANIFEST, ChromaIndex  # noqa: E402
+from rag.index.faiss_index import FlatIPIndex  # noqa: E402
 from rag.pipeline import run  # noqa: E402
 from rag.types import RagError  # noqa: E402
 from tests.conftest import tiny_overrides  # noqa: E402
@@ -58,7 +58,7 @@ def test_a_saved_index_opens_where_it_was_moved_and_refuses_another_version(tmp_
 def test_bad_settings_are_one_line():
     with pytest.raises(RagError, match="index.space must be one of cosine, l2, got 'ip'"):
         ChromaIndex(space="ip")
-    with pytest.raises(RagError, match="index.M must be a positive integer"):
+    with pytest.raises(RagError, match="index.M must be positive, got 0"):
         ChromaIndex(M=0)
 
 
@@ -73,4 +73,4 @@ def test_a_run_on_chroma_ranks_as_exact_search_and_reuses_its_cache_entry(tiny_f
             for d in ("exact", "chroma", "again")]
     ids = [[[r["chunk_id"] for r in q] for q in t] for t in tops]
     assert ids[0] == ids[1] == ids[2]
-    assert first["config"]["index"]["_target_"] == "rag.chroma.ChromaIndex"
+    assert first["config"]["index"]["_target_"] == "rag.index.chroma.ChromaIndex"

@@ -6,8 +6,10 @@ import json
 import numpy as np
 import pytest
 
-import rag.artifacts as artifacts_mod
-from rag.artifacts import Artifacts, ChunkSet, load_corpus
+from rag import chunk_store
+from rag.artifacts import Artifacts
+from rag.chunk_set import ChunkSet
+from rag.corpus.loading import load_corpus
 from rag.cache import ArtifactCache
 from rag.chunk_store import ChunkStore, ChunkWriter, DocumentStore
 from rag.chunker.sliding_window import SlidingWindowChunker
@@ -74,7 +76,7 @@ def test_an_unreadable_progress_record_starts_over(tmp_path):
 
 
 def test_a_chunking_killed_part_way_resumes_from_its_last_shard(tmp_path, monkeypatch):
-    monkeypatch.setattr(artifacts_mod, "SHARD_DOCS", 25)
+    monkeypatch.setattr(chunk_store, "SHARD_DOCS", 25)
     fed = []
 
     def stream(stop_after=None):
@@ -150,7 +152,7 @@ def test_a_corpus_is_streamed_into_a_document_store_and_read_back_whole(tmp_path
 
 
 def test_a_corpus_read_killed_part_way_goes_on_from_its_last_shard(tmp_path, monkeypatch):
-    monkeypatch.setattr(artifacts_mod, "SHARD_DOCS", 20)
+    monkeypatch.setattr(chunk_store, "SHARD_DOCS", 20)
 
     class Flaky(JsonlCorpus):
         fail_at: int | None = 50

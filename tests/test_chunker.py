@@ -18,6 +18,7 @@ from rag.chunker import (
     sentence_spans,
 )
 from rag.chunker.base import Chunker
+from rag.embedder.base import Embedder
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 from rag.types import Document, RagError
 
@@ -493,7 +494,7 @@ def test_semantic_chunker_breaks_at_chunk_size(embedder):
     assert " ".join(c.text for c in chunks) == text
 
 
-class KeywordEmbedder:
+class KeywordEmbedder(Embedder):
     """Two-dimensional toy vectors: 'cat' sentences point one way, everything else the other."""
 
     def __init__(self):

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from rag.artifacts import ChunkSet
-from rag.bm25 import BM25Index
+from rag.chunk_set import ChunkSet
+from rag.retriever.bm25 import BM25Index
 from rag.chunker.contextualize import prefixes, title_of
 from rag.pipeline import run
 from rag.types import Chunk, Document, RagError

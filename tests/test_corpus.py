@@ -459,7 +459,7 @@ def test_medline_glob_matching_nothing_and_truncated_gzip_are_one_line(tmp_path)
 
 def test_medline_files_are_streamed_article_by_article(tmp_path):
     # The first file's articles come out before the second file is opened: a baseline of
-    # millions of articles is never held whole (rag.artifacts stores the stream as it comes).
+    # millions of articles is never held whole (rag.corpus.loading stores the stream as it comes).
     files = _baseline_files(tmp_path, n_files=2, per_file=3)
     files[1].write_bytes(files[1].read_bytes()[:40])
     stream = MedlineCorpus(paths=[str(tmp_path / "*.xml.gz")]).iter_documents()
@@ -675,7 +675,7 @@ def _pubmedqa(tmp: Path, **fields) -> Path:
 
 
 def _load_beir_queries(root: Path) -> None:
-    from rag.qa import BeirQuestions
+    from rag.corpus.beir import BeirQuestions
 
     BeirQuestions(root).load()
 

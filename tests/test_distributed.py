@@ -362,12 +362,12 @@ def test_a_worker_writes_its_rows_into_the_drivers_file_and_refuses_another_file
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("embedder.engine.num_workers=0", "embedder.engine.num_workers must be a positive integer, got 0"),
-    ("embedder.engine.num_workers=1.5", "embedder.engine.num_workers must be a positive integer, got 1.5"),
-    ("embedder.engine.ray_batch_size=-8", "embedder.engine.ray_batch_size must be a positive integer, got -8"),
-    ("embedder.engine.num_cpus_per_worker=0", "embedder.engine.num_cpus_per_worker must be a positive number, got 0"),
-    ("embedder.engine.object_store_memory=0", "embedder.engine.object_store_memory must be a positive integer, got 0"),
-    ("embedder.engine.min_texts=-1", "embedder.engine.min_texts must be an integer >= 0, got -1"),
+    ("embedder.engine.num_workers=0", "embedder.engine.num_workers must be positive, got 0"),
+    ("embedder.engine.num_workers=1.5", "embedder.engine.num_workers must be an integer, got 1.5"),
+    ("embedder.engine.ray_batch_size=-8", "embedder.engine.ray_batch_size must be positive, got -8"),
+    ("embedder.engine.num_cpus_per_worker=0", "embedder.engine.num_cpus_per_worker must be > 0, got 0"),
+    ("embedder.engine.object_store_memory=0", "embedder.engine.object_store_memory must be positive or null, got 0"),
+    ("embedder.engine.min_texts=-1", "embedder.engine.min_texts must be >= 0, got -1"),
     ("embedder.engine.address=''", "embedder.engine.address must be null, 'auto', 'host:port' or 'ray://host:port', got ''"),
     ("embedder.batch_size=0", "embedder.batch_size must be positive, got 0"),
 ])

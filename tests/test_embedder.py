@@ -4,7 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from rag.embedder.sentence_transformer import SentenceTransformerEmbedder, resolve_model_path
+from rag.embedder.base import Embedder
+from rag.embedder.sentence_transformer import Engine, SentenceTransformerEmbedder, resolve_model_path
 from rag.types import RagError
 
 
@@ -62,7 +63,7 @@ def test_out_of_memory_at_batch_size_one_fails_clearly():
 
 
 def test_stage_file_holds_each_texts_vector_and_encodes_repeats_once(embedder, tmp_path):
-    from rag.artifacts import encode_to_npy
+    from rag.embedder.npy_writer import encode_to_npy
 
     texts = ["fcntl manipulates file descriptors.", "malloc allocates memory.", "fcntl manipulates file descriptors.",
              "AdamW decouples weight decay."]
@@ -81,7 +82,7 @@ def test_stage_file_holds_each_texts_vector_and_encodes_repeats_once(embedder, t
 
 def test_stage_file_accepts_blocks_in_any_order(embedder, tmp_path):
     """Engines that encode on several workers (rag.embedder.ray_data) yield row blocks as they finish."""
-    from rag.artifacts import encode_to_npy
+    from rag.embedder.npy_writer import encode_to_npy
 
     texts = [f"sentence number {i} about topic {i % 3}" for i in range(10)]
     real = embedder.encode_blocks
@@ -105,12 +106,15 @@ def test_batches_are_formed_by_token_count_longest_first(tmp_path):
     assert all(min(a) >= max(b) for a, b in zip(per_batch, per_batch[1:])), per_batch
 
 
-class DiesAfter:
+class DiesAfter(Embedder):
     """An embedder stand-in (dim 4, vector = the text's number) whose encode_blocks raises after
     `blocks` blocks, as a killed or crashing build stops mid-stage; it counts the texts it encoded."""
 
+    dim = 4
+    id = {"model": "stand-in"}
+
     def __init__(self, blocks: int | None):
-        self.blocks, self.encoded, self.dim, self.id = blocks, 0, 4, {"model": "stand-in"}
+        self.blocks, self.encoded = blocks, 0
 
     def encode_blocks(self, texts, block):
         for i, start in enumerate(range(0, len(texts), block)):
@@ -122,51 +126,51 @@ class DiesAfter:
 
 
 def test_an_interrupted_embedding_resumes_from_its_finished_blocks(tmp_path, monkeypatch):
-    import rag.artifacts as artifacts
+    from rag.embedder import npy_writer
 
-    monkeypatch.setattr(artifacts, "ENCODE_BLOCK", 10)
+    monkeypatch.setattr(npy_writer, "ENCODE_BLOCK", 10)
     texts = [f"text {i}" for i in range(35)] + ["text 3"]  # 35 unique texts: blocks of 10, 10, 10, 5
     resume = tmp_path / "partial"
     resume.mkdir()
     dying = DiesAfter(blocks=2)
     with pytest.raises(RuntimeError, match="killed"):
-        artifacts.encode_to_npy(dying, texts, tmp_path / "a.npy", resume=resume)
+        npy_writer.encode_to_npy(dying, texts, tmp_path / "a.npy", resume=resume)
     assert json.loads((resume / "blocks.json").read_text())["done"] == [0, 1]
     again = DiesAfter(blocks=None)
-    info = artifacts.encode_to_npy(again, texts, tmp_path / "b.npy", resume=resume)
+    info = npy_writer.encode_to_npy(again, texts, tmp_path / "b.npy", resume=resume)
     assert again.encoded == 15 and info["resumed_blocks"] == 2, "only the two unfinished blocks are encoded"
     whole = DiesAfter(blocks=None)
-    artifacts.encode_to_npy(whole, texts, tmp_path / "c.npy")
+    npy_writer.encode_to_npy(whole, texts, tmp_path / "c.npy")
     np.testing.assert_array_equal(np.load(tmp_path / "b.npy"), np.load(tmp_path / "c.npy"))
     assert whole.encoded == 35 and np.load(tmp_path / "b.npy")[35, 0] == 3.0
 
 
 def test_with_no_repeated_text_the_resumable_file_is_moved_into_the_artifact(tmp_path):
-    import rag.artifacts as artifacts
+    from rag.embedder import npy_writer
 
     resume = tmp_path / "partial"
     resume.mkdir()
-    artifacts.encode_to_npy(DiesAfter(blocks=None), [f"text {i}" for i in range(7)], tmp_path / "v.npy", resume=resume)
+    npy_writer.encode_to_npy(DiesAfter(blocks=None), [f"text {i}" for i in range(7)], tmp_path / "v.npy", resume=resume)
     assert not (resume / "unique.npy").exists() and np.load(tmp_path / "v.npy")[6, 0] == 6.0
 
 
 def test_a_partial_file_of_another_shape_or_block_size_is_encoded_anew(tmp_path, monkeypatch):
-    import rag.artifacts as artifacts
+    from rag.embedder import npy_writer
 
-    monkeypatch.setattr(artifacts, "ENCODE_BLOCK", 10)
+    monkeypatch.setattr(npy_writer, "ENCODE_BLOCK", 10)
     resume = tmp_path / "partial"
     resume.mkdir()
     texts = [f"text {i}" for i in range(20)]
     with pytest.raises(RuntimeError):
-        artifacts.encode_to_npy(DiesAfter(blocks=1), texts, tmp_path / "v.npy", resume=resume)
-    monkeypatch.setattr(artifacts, "ENCODE_BLOCK", 5)  # the saved blocks no longer mean the same rows
+        npy_writer.encode_to_npy(DiesAfter(blocks=1), texts, tmp_path / "v.npy", resume=resume)
+    monkeypatch.setattr(npy_writer, "ENCODE_BLOCK", 5)  # the saved blocks no longer mean the same rows
     e = DiesAfter(blocks=None)
-    info = artifacts.encode_to_npy(e, texts, tmp_path / "v.npy", resume=resume)
+    info = npy_writer.encode_to_npy(e, texts, tmp_path / "v.npy", resume=resume)
     assert e.encoded == 20 and info["resumed_blocks"] == 0
     (resume / "blocks.json").write_text("not json")
     np.lib.format.open_memmap(resume / "unique.npy", mode="w+", dtype=np.float32, shape=(20, 4))
     e = DiesAfter(blocks=None)
-    assert artifacts.encode_to_npy(e, texts, tmp_path / "w.npy", resume=resume)["resumed_blocks"] == 0
+    assert npy_writer.encode_to_npy(e, texts, tmp_path / "w.npy", resume=resume)["resumed_blocks"] == 0
     assert e.encoded == 20 and np.load(tmp_path / "w.npy")[13, 0] == 13.0
 
 
@@ -185,3 +189,26 @@ def test_the_cache_keeps_a_partial_directory_until_the_artifact_is_published(tmp
     assert (part / "unique.npy").exists(), "a failed build keeps the finished parts"
     cache.get_or_build("vectors", "k1", lambda tmp: {"n": (tmp / "vectors.npy").write_bytes(b"v")})
     assert not part.exists() and cache.lookup("vectors", "k1") is not None
+
+
+def test_every_embedder_states_what_it_can_do_as_attributes():
+    from rag.embedder.openai import OpenAIEmbedder
+    from rag.embedder.precomputed import PrecomputedEmbedder
+    from rag.served import served
+
+    local = SentenceTransformerEmbedder("x", query_prefix="query: ", show_progress=False)
+    assert isinstance(local, Embedder) and not served(local)
+    assert not local.writes_rows and not local.vectors_by_id and local.usage is None
+
+    class WritesRows(Engine):
+        writes_rows = True
+
+    assert SentenceTransformerEmbedder("x", engine=WritesRows()).writes_rows
+
+    remote = OpenAIEmbedder("http://127.0.0.1:9/v1", "some-model")
+    assert served(remote) and remote.usage is not None and not remote.writes_rows
+
+    by_id = PrecomputedEmbedder("/nowhere", local)
+    assert by_id.vectors_by_id and not served(by_id) and by_id.query_prefix == "query: "
+    with pytest.raises(RagError, match="embedder.queries must be an embedder config"):
+        PrecomputedEmbedder("/nowhere", "minilm")

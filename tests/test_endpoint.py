@@ -1,7 +1,11 @@
 """The shared transport (rag/endpoint.py) treats a server's answer as data to check: one total
 deadline per request however slowly the reply comes, a cap on its size, a redirect loop as one
 line, and JSON read strictly (no NaN or Infinity gets past the door). Against a real HTTP server
-on 127.0.0.1 (tests/scripted_endpoint.py) for every role that talks to one."""
+on 127.0.0.1 (tests/scripted_endpoint.py) for every role that talks to one.
+
+Every role's `endpoint` node is one `EndpointSettings`: the shared defaults with the role's own
+timeout, the same checks and one-line errors naming the role's key, and the old flat keys
+(`llm.timeout_s`) answered with the key they are now."""
 from __future__ import annotations
 
 import re
@@ -12,19 +16,19 @@ import pytest
 import rag.endpoint
 from rag.cache import ArtifactCache
 from rag.embedder.openai import OpenAIEmbedder
-from rag.endpoint import EndpointError
+from rag.endpoint import EndpointError, EndpointSettings
 from rag.llm.chat_api import ChatEndpoint
 from rag.reply import BadReply, decode_reply
 from rag.reranker.http import HTTPReranker
-from rag.types import Chunk, Hits
+from rag.types import Chunk, Hits, RagError
 from tests.conftest import tiny_overrides
 from tests.scripted_endpoint import ScriptedEndpoint, Trickle, completion
 
 MSG = [{"role": "user", "content": "hello"}]
 
 
-def chat(base_url: str, **kw) -> ChatEndpoint:
-    return ChatEndpoint(base_url, "m", backoff_s=0.01, **kw)
+def chat(base_url: str, **settings) -> ChatEndpoint:
+    return ChatEndpoint(base_url, "m", settings=EndpointSettings(**{"backoff_s": 0.01, **settings}))
 
 
 def timed(fn):
@@ -42,21 +46,21 @@ def test_a_body_trickled_a_byte_at_a_time_ends_at_the_deadline_and_is_retried_li
         msg, took = timed(lambda: chat(srv.base_url, timeout_s=1.0, max_retries=1).chat(MSG, {}))
         assert len(srv.chat_requests) == 2, "a request past its deadline is a timeout: retried"
     assert re.fullmatch(rf"llm: POST {srv.base_url}/chat/completions failed after 2 attempts over 2\.\d s: "
-                        r"no complete response within 1 s \(llm.timeout_s\) \(llm.model=m\)", msg), msg
+                        r"no complete response within 1 s \(llm.endpoint.timeout_s\) \(llm.model=m\)", msg), msg
     assert 2.0 <= took < 4.5, took
 
 
 def test_headers_trickled_without_end_end_at_the_deadline():
     with ScriptedEndpoint(lambda r, n: (200, {}, Trickle(headers=True, every_s=0.02))) as srv:
         msg, took = timed(lambda: chat(srv.base_url, timeout_s=1.0, max_retries=0).chat(MSG, {}))
-    assert msg.endswith("no complete response within 1 s (llm.timeout_s) (llm.model=m)") and took < 3.0, (msg, took)
+    assert msg.endswith("no complete response within 1 s (llm.endpoint.timeout_s) (llm.model=m)") and took < 3.0, (msg, took)
 
 
 def test_a_reply_that_never_stops_coming_ends_at_the_deadline():
     endless = Trickle("x" * 1024, piece=1024, every_s=0.01, forever=True)
     with ScriptedEndpoint(lambda r, n: (200, {}, endless)) as srv:
         msg, took = timed(lambda: chat(srv.base_url, timeout_s=1.0, max_retries=0).chat(MSG, {}))
-    assert "no complete response within 1 s (llm.timeout_s)" in msg and took < 3.0, (msg, took)
+    assert "no complete response within 1 s (llm.endpoint.timeout_s)" in msg and took < 3.0, (msg, took)
 
 
 def test_a_reply_larger_than_the_cap_is_refused_at_once(monkeypatch):
@@ -88,11 +92,11 @@ def _ask_llm(url, tmp_path):
 
 
 def _ask_embedder(url, tmp_path):
-    OpenAIEmbedder(url, "m", backoff_s=0.01, show_progress=False).encode(["a"])
+    OpenAIEmbedder(url, "m", show_progress=False, endpoint=EndpointSettings(backoff_s=0.01)).encode(["a"])
 
 
 def _ask_reranker(url, tmp_path):
-    rr = HTTPReranker(url, "m", backoff_s=0.01)
+    rr = HTTPReranker(url, "m", endpoint=EndpointSettings(backoff_s=0.01))
     rr.use_cache(ArtifactCache(tmp_path / "cache"))
     rr.rerank(["q"], Hits.from_rows([[(i, 1.0) for i in range(3)]], 3), CHUNKS, k=3)
 
@@ -157,3 +161,118 @@ def test_a_non_standard_number_in_a_completion_is_refused_at_once():
                             "not a finite number (llm.model=m); nothing of this reply is kept")
     assert not e.value.transient and not e.value.fatal
 
+
+# ---- the endpoint settings: one node and one set of checks for every role -------------------------
+
+URL = "http://127.0.0.1:1/v1"
+ROLES = {  # the role's node, what selects it, and the request timeout it sets over the shared default
+    "llm": (["llm=openai", "llm.model=m"], 120),
+    "embedder": (["embedder=openai", "embedder.model=m"], 60),
+    "reranker": (["reranker=http", "reranker.model=m"], 60),
+    "eval.judge": (["eval.judge.model=m"], 120),
+}
+
+
+def built(what: str, cfg):
+    """The role as a run builds it from its composed node."""
+    from rag.session import build_judge, create
+
+    return build_judge(cfg.eval.judge, None) if what == "eval.judge" else create(cfg[what])
+
+
+def from_python(what: str, **kw):
+    from eval.judge import Judge
+    from rag.llm import OpenAIGenerator
+
+    make = {"llm": OpenAIGenerator, "embedder": OpenAIEmbedder, "reranker": HTTPReranker, "eval.judge": Judge}[what]
+    return make(URL, "m", **kw)
+
+
+@pytest.mark.parametrize("what", list(ROLES))
+def test_every_role_composes_the_shared_endpoint_node_with_its_own_timeout(what, compose_cfg):
+    overrides, timeout_s = ROLES[what]
+    role = built(what, compose_cfg(overrides))
+    assert role.endpoint.settings == EndpointSettings(timeout_s=timeout_s)
+    assert (role.endpoint.what, role.endpoint.connections) == (what, 1 if what == "reranker" else 4)
+    assert from_python(what).endpoint.settings == role.endpoint.settings, "a role built in Python has the same defaults"
+
+
+@pytest.mark.parametrize("what", list(ROLES))
+def test_a_bad_endpoint_value_is_one_line_naming_the_roles_key(what, compose_cfg):
+    overrides, _ = ROLES[what]
+    with pytest.raises(RagError) as e:
+        built(what, compose_cfg([*overrides, f"{what}.endpoint.timeout_s=0"]))
+    assert str(e.value) == f"{what}.endpoint.timeout_s must be positive, got 0"
+
+
+@pytest.mark.parametrize("setting, value, line", [
+    ("timeout_s", -1.5, "must be positive, got -1.5"),
+    ("timeout_s", True, "must be a number, got true"),
+    ("backoff_s", "fast", "must be a number, got 'fast'"),
+    ("max_backoff_s", float("inf"), "must be a finite number, got inf"),
+    ("max_retries", -1, "must be >= 0, got -1"),
+    ("max_retries", 1.5, "must be an integer, got 1.5"),
+    ("concurrency", 0, "must be between 1 and 256, got 0"),
+    ("concurrency", 257, "must be between 1 and 256, got 257"),
+    ("concurrency", 2.0, "must be an integer, got 2"),
+    ("extra_body", [1], "must be a mapping of request fields, e.g. {top_k: 1}, got [1]"),
+    ("extra_body", {"messages": [], "top_k": 1}, "must not set ['messages']: the request sets them itself"),
+    ("extra_body", {"stream": True}, "must not set ['stream']: the request sets them itself"),
+])
+def test_each_check_is_one_line(setting, value, line):
+    with pytest.raises(RagError) as e:
+        from_python("eval.judge", endpoint=EndpointSettings(**{setting: value}))
+    assert str(e.value) == f"eval.judge.endpoint.{setting} {line}"
+
+
+def test_a_role_refuses_the_settings_it_does_not_use():
+    with pytest.raises(RagError) as e:
+        HTTPReranker(URL, "m", endpoint=EndpointSettings(concurrency=8))
+    assert str(e.value) == ("reranker.endpoint.concurrency is not a setting of reranker "
+                            "(it takes timeout_s, max_retries, backoff_s, max_backoff_s, cache_namespace)")
+    with pytest.raises(RagError, match=r"^embedder.endpoint.extra_body is not a setting of embedder \(it takes concurrency, "):
+        OpenAIEmbedder(URL, "m", endpoint=EndpointSettings(extra_body={"top_k": 1}))
+
+
+def test_the_cache_namespace_goes_into_the_keys_as_written():
+    gen = from_python("llm", endpoint=EndpointSettings(cache_namespace=7))
+    assert gen.id["cache_namespace"] == 7 and "cache_namespace" not in from_python("llm").id
+    assert from_python("reranker", endpoint=EndpointSettings(cache_namespace="q4"))._identity["namespace"] == "q4"
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["llm=openai", "llm.timeout_s=30"], "llm.timeout_s is now llm.endpoint.timeout_s: use llm.endpoint.timeout_s=30"),
+    (["embedder=openai", "embedder.concurrency=8"],
+     "embedder.concurrency is now embedder.endpoint.concurrency: use embedder.endpoint.concurrency=8"),
+    (["reranker=http", "reranker.max_retries=2"],
+     "reranker.max_retries is now reranker.endpoint.max_retries: use reranker.endpoint.max_retries=2"),
+    (["eval.judge.cache_namespace=q4"],
+     "eval.judge.cache_namespace is now eval.judge.endpoint.cache_namespace: use eval.judge.endpoint.cache_namespace=q4"),
+    (["llm=openai", "llm.extra_body.top_k=1"], "llm.extra_body is now llm.endpoint.extra_body: use +llm.endpoint.extra_body.top_k=1"),
+    (["reranker=llm_listwise", "llm@reranker.llm=openai", "reranker.llm.backoff_s=0.01"],
+     "reranker.llm.backoff_s is now reranker.llm.endpoint.backoff_s: use reranker.llm.endpoint.backoff_s=0.01"),
+    (["llm.timeout_s=30"], ("llm.timeout_s is now llm.endpoint.timeout_s, a setting of llm=openai; "
+                            "add llm=openai before llm.endpoint.timeout_s=30")),
+])
+def test_an_endpoint_setting_by_its_old_name_is_answered_with_its_new_key(overrides, line, compose_cfg):
+    from hydra.errors import ConfigCompositionException
+
+    from rag.config import config_error_line
+
+    with pytest.raises(ConfigCompositionException) as e:
+        compose_cfg(overrides)
+    assert config_error_line(e.value) == line
+
+
+def test_an_old_name_added_with_a_plus_is_answered_with_its_new_key(compose_cfg):
+    with pytest.raises(RagError) as e:
+        built("llm", compose_cfg(["llm=openai", "llm.model=m", "+llm.timeout_s=30"]))
+    assert str(e.value) == "llm.timeout_s is now llm.endpoint.timeout_s"
+
+
+def test_a_run_with_an_old_name_exits_2_with_one_line(tiny_files):
+    from tests.test_cli_errors import PROJECT_ROOT, assert_one_line, command
+
+    done = command([str(PROJECT_ROOT / "run.py"), f"hydra.run.dir={tiny_files['out']}", *tiny_overrides(tiny_files),
+                    "llm=openai", "llm.model=m", "llm.timeout_s=30"])
+    assert_one_line(done, "ragrig: error: llm.timeout_s is now llm.endpoint.timeout_s: use llm.endpoint.timeout_s=30")

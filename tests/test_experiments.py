@@ -161,7 +161,7 @@ def write_run(path: Path, *, variant: str = "custom", overrides: list[str] = (),
         metrics[m] = {"mean": float(np.mean(v)), "ci95": [lo, hi], "n": n}
     config = {"variant": variant, "objective": "mrr", "eval": {"k": k, "bootstrap": {"resamples": 300, "seed": 0}},
               "chunker": {"_target_": "rag.chunker.SlidingWindowChunker", "chunk_size": 512, "chunk_overlap": 64},
-              "fusion": {"_target_": "rag.fusion.WeightedFusion", "alpha": 0.5}}
+              "fusion": {"_target_": "rag.retriever.fusion.WeightedFusion", "alpha": 0.5}}
     for o in overrides:
         key, _, val = o.lstrip("+").partition("=")
         node = config

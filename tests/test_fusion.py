@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from rag.fusion import RRFFusion, WeightedFusion
+from rag.retriever.fusion import RRFFusion, WeightedFusion
 from rag.types import Hits, RagError
 
 DENSE = Hits.from_rows([[(10, 0.9), (11, 0.8), (12, 0.5)]], 3)

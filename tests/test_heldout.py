@@ -14,7 +14,7 @@ import pytest
 from hydra.utils import instantiate
 
 from rag.corpus.slicing import slice_questions
-from rag.qa import JsonlQuestions
+from rag.qa.jsonl import JsonlQuestions
 
 ROOT = Path(__file__).resolve().parents[1]
 QA = ROOT / "data" / "qa"

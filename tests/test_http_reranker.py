@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rag.cache import ArtifactCache
-from rag.endpoint import EndpointError
+from rag.endpoint import EndpointError, EndpointSettings
 from rag.pipeline import run
 from rag.reranker.http import HTTPReranker
 from rag.reranker.pointwise import SCORES
@@ -32,7 +32,7 @@ def overlap(req, n):
 
 
 def reranker(base_url: str, tmp_path, **kw) -> HTTPReranker:
-    r = HTTPReranker(base_url, kw.pop("model", "rr"), backoff_s=0.01, **kw)
+    r = HTTPReranker(base_url, kw.pop("model", "rr"), endpoint=EndpointSettings(timeout_s=60, backoff_s=0.01), **kw)
     r.use_cache(ArtifactCache(tmp_path / "cache"))
     return r
 
@@ -135,7 +135,7 @@ def test_tokens_are_counted_with_a_tokenizer_when_asked(tmp_path):
 
 
 def test_settings_are_checked_when_the_config_is_built():
-    with pytest.raises(RagError, match="reranker.top_n must be a positive integer, got 0"):
+    with pytest.raises(RagError, match="reranker.top_n must be positive, got 0"):
         HTTPReranker("http://127.0.0.1:1/v1", "m", top_n=0)
     with pytest.raises(RagError, match="reranker.documents_field must be documents"):
         HTTPReranker("http://127.0.0.1:1/v1", "m", documents_field="docs")

@@ -10,8 +10,10 @@ import re
 import pytest
 
 from eval.judge import RUBRICS, Item, Judge, Unparseable, agreement, fleiss_kappa, parse_verdict
+from eval.record import QuestionRecord
 from eval.scoring import ScoreSettings, add_judge_scores
 from rag.cache import ArtifactCache
+from rag.endpoint import EndpointSettings
 from rag.pipeline import run
 from rag.types import RagError
 from tests.conftest import tiny_overrides
@@ -65,7 +67,7 @@ def test_agreement_and_fleiss_kappa():
 
 
 def test_unmeasured_is_counted_beside_the_mean():
-    records = [{"corpus": "a"}, {"corpus": "a"}, {"corpus": "b"}]
+    records = [QuestionRecord(f"q{i}", corpus=c) for i, c in enumerate("aab")]
     judged = {"metrics": ["faithfulness"], "repeats": 2,
               "per_question": [{"faithfulness": slot("supported", "supported")},
                                {"faithfulness": slot("unsupported", None)},
@@ -73,7 +75,7 @@ def test_unmeasured_is_counted_beside_the_mean():
     aggregates = {"overall": {}, "by_corpus": {}}
     names = add_judge_scores(records, aggregates, judged, ScoreSettings(bootstrap_resamples=50))
     assert names == ["judge_faithfulness"]
-    assert [r["judge_faithfulness"] for r in records] == [1.0, 0.0, None]
+    assert [r.metric("judge_faithfulness") for r in records] == [1.0, 0.0, None]
     o = aggregates["overall"]["judge_faithfulness"]
     assert (o["mean"], o["n"], o["unmeasured"]) == (0.5, 2, 1)
     assert (o["judgements"], o["judgements_unmeasured"], o["unmeasured_causes"]["unparseable"]) == (6, 3, 3)
@@ -93,7 +95,7 @@ def scripted_judge(replies):
 
 
 def judge(srv, **kw):
-    return Judge(srv.base_url, "judge-m", backoff_s=0.01, max_retries=kw.pop("max_retries", 0), **kw)
+    return Judge(srv.base_url, "judge-m", endpoint=EndpointSettings(backoff_s=0.01, max_retries=0), **kw)
 
 
 def test_failed_and_unparseable_judgements_are_unmeasured_and_cached(tmp_path):

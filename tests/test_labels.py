@@ -16,7 +16,7 @@ from eval.trec import format_qrels, format_run
 from rag.chunker import SentenceChunker, SlidingWindowChunker
 from rag.config import data_dir
 from rag.corpus.pubmedqa import PubMedQACorpus
-from rag.qa import PubMedQAQuestions
+from rag.qa.pubmedqa import PubMedQAQuestions
 from rag.types import Chunk, QAItem, Relevance
 
 

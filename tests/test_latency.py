@@ -1,5 +1,5 @@
 """Latency is measured by the run that reports it: candidates may come from the cache's memory
-tier, times never do (rag/latency.py, rag/query.py, rag/retriever.py)."""
+tier, times never do (rag/latency.py, rag/query.py, rag/retriever/base.py)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from rag import latency
 from rag.cache import ArtifactCache, clear_memory
 from rag.pipeline import run
 from rag.query import retrieve_rerank
-from rag.retriever import Retriever
+from rag.retriever.base import Retriever
 from rag.types import Hits, RagError
 from tests.conftest import tiny_overrides
 

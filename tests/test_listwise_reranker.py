@@ -44,7 +44,7 @@ def reranker(base_url: str, tmp_path, **kw) -> ListwiseReranker:
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         node = compose(config_name="config", overrides=["reranker=llm_listwise", "llm@reranker.llm=openai",
                                                          f"reranker.llm.base_url={base_url}", "reranker.llm.model=m",
-                                                         "reranker.llm.backoff_s=0.01",
+                                                         "reranker.llm.endpoint.backoff_s=0.01",
                                                          *[f"reranker.{k}={v}" for k, v in kw.items()]]).reranker
     r = create(node)
     r.use_cache(ArtifactCache(tmp_path / "cache"))
@@ -95,7 +95,7 @@ def test_a_failed_permutation_keeps_the_first_stage_order_and_is_counted(tmp_pat
 def test_settings_are_checked_when_the_config_is_built(tmp_path):
     with pytest.raises(RagError, match=r"reranker.step \(6\) must not exceed reranker.window \(4\)"):
         reranker("http://127.0.0.1:1/v1", tmp_path, window=4, step=6)
-    with pytest.raises(RagError, match="reranker.window must be a positive integer, got 0"):
+    with pytest.raises(RagError, match="reranker.window must be positive, got 0"):
         reranker("http://127.0.0.1:1/v1", tmp_path, window=0)
     with pytest.raises(RagError, match="reranker.llm must be a generator config"):
         ListwiseReranker(llm=object())

@@ -11,6 +11,7 @@ import torch
 from hydra.utils import instantiate
 
 from rag.cache import ArtifactCache
+from rag.embedder.base import Embedder
 from rag.llm import ExtractiveGenerator, HFGenerator, PromptBuilder
 from rag.llm import loading as llm_module
 from rag.llm.prompt import DEFAULT_TEMPLATE, NO_ANSWER
@@ -63,10 +64,11 @@ def test_template_is_a_config_value(compose_cfg):
 # extractive
 
 
-class KeywordEmbedder:
+class KeywordEmbedder(Embedder):
     """Bag-of-keywords vectors: similarity is the share of keywords two texts have in common."""
 
     VOCAB = ["fcntl64", "offsets", "malloc", "free", "pipe", "weather"]
+    id = {"model": "keywords"}
 
     def encode(self, texts, show_progress=False):
         v = np.array([[float(w in t.lower()) for w in self.VOCAB] for t in texts], np.float32)

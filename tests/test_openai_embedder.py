@@ -13,7 +13,7 @@ import pytest
 
 from rag.embedder.openai import OpenAIEmbedder
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
-from rag.endpoint import EndpointError
+from rag.endpoint import EndpointError, EndpointSettings
 from rag.pipeline import run
 from rag.types import RagError
 from tests.conftest import tiny_overrides
@@ -48,15 +48,15 @@ def served(model: SentenceTransformerEmbedder, shuffle: bool = False):
     return embed
 
 
-def client(base_url: str, **kw) -> OpenAIEmbedder:
-    return OpenAIEmbedder(base_url, kw.pop("model", "minilm"), backoff_s=kw.pop("backoff_s", 0.01),
-                          show_progress=False, **kw)
+def client(base_url: str, endpoint: dict | None = None, **kw) -> OpenAIEmbedder:
+    settings = EndpointSettings(**{"timeout_s": 60, "backoff_s": 0.01, **(endpoint or {})})
+    return OpenAIEmbedder(base_url, kw.pop("model", "minilm"), show_progress=False, endpoint=settings, **kw)
 
 
 def test_batches_come_back_in_input_order_with_the_models_vectors(minilm):
     texts = [f"text number {i} about {w}" for i, w in enumerate("abcdefghijk")]
     with ScriptedEndpoint(embed=served(minilm, shuffle=True), delay_s=0.05) as srv:
-        emb = client(srv.base_url, batch_size=3, concurrency=2)
+        emb = client(srv.base_url, batch_size=3, endpoint={"concurrency": 2})
         vecs = emb.encode(texts)
     np.testing.assert_allclose(vecs, minilm.encode(texts), atol=1e-6)
     sent = srv.posted("/embeddings")
@@ -71,14 +71,14 @@ def test_the_cache_identity_is_the_served_model_not_the_url_or_key(monkeypatch):
     b = OpenAIEmbedder("https://elsewhere.example/v1", "m")
     assert a.id == b.id == {"engine": "openai", "model": "m", "dimensions": None, "normalize": True}
     assert "sk-secret" not in json.dumps(a.id) + repr(a)
-    assert OpenAIEmbedder("http://h/v1", "m", cache_namespace="int8").id != a.id
+    assert OpenAIEmbedder("http://h/v1", "m", endpoint=EndpointSettings(cache_namespace="int8")).id != a.id
     assert OpenAIEmbedder("http://h/v1", "m", dimensions=256).id != a.id
 
 
 def test_a_batch_of_another_dimension_is_one_line():
     vecs = {0: np.ones((2, 4)), 1: np.ones((2, 3))}
     with ScriptedEndpoint(embed=lambda r, n: embeddings(vecs[min(n, 1)][: len(r["input"])])) as srv:
-        emb = client(srv.base_url, batch_size=2, concurrency=1)
+        emb = client(srv.base_url, batch_size=2, endpoint={"concurrency": 1})
         with pytest.raises(EndpointError) as e:
             emb.encode(["a", "b", "c", "d"])
     assert str(e.value) == (f"embedder: {srv.base_url}/embeddings returned 3-d vectors for model 'minilm' after 4-d "
@@ -97,7 +97,7 @@ def test_a_batch_of_another_dimension_is_one_line():
 def test_a_reply_that_is_no_embedding_is_retried_then_one_line(reply, why):
     with ScriptedEndpoint(embed=lambda r, n: reply) as srv:
         with pytest.raises(EndpointError, match=why) as e:
-            client(srv.base_url, max_retries=1).encode(["a", "b"])
+            client(srv.base_url, endpoint={"max_retries": 1}).encode(["a", "b"])
     assert "\n" not in str(e.value) and len(srv.posted("/embeddings")) == 2 and "embedder.model=minilm" in str(e.value)
 
 
@@ -137,7 +137,7 @@ def test_a_reply_that_does_not_give_each_text_one_usable_vector_is_refused_at_on
     body, what = WRONG_VECTORS[case]
     with ScriptedEndpoint(embed=lambda r, n: (200, {}, body)) as srv:
         with pytest.raises(EndpointError) as e:
-            client(srv.base_url, max_retries=2).encode(["a", "b"])
+            client(srv.base_url, endpoint={"max_retries": 2}).encode(["a", "b"])
         assert len(srv.posted("/embeddings")) == 1, "not retried: the server answered, wrongly"
     assert str(e.value) == (f"embedder: POST {srv.base_url}/embeddings answered wrongly: {what} "
                             "(embedder.model=minilm); nothing of this reply is kept")

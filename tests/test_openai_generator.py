@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from rag.artifacts import Artifacts
 from rag.cache import ArtifactCache
+from rag.endpoint import EndpointSettings
 from rag.llm import OpenAIGenerator
 from rag.llm.answer_cache import RECORD_KIND, answer_keys
 from rag.llm.hf import render_chat
@@ -28,8 +29,9 @@ QUESTIONS = [f"Question number {i}?" for i in range(6)]
 CONTEXTS = [[Context(f"Passage {i} says {i}.", "src")] for i in range(6)]
 
 
-def generator(base_url: str, **kw) -> OpenAIGenerator:
-    return OpenAIGenerator(base_url=base_url, model=kw.pop("model", "m"), backoff_s=0.01, **kw)
+def generator(base_url: str, endpoint: dict | None = None, **kw) -> OpenAIGenerator:
+    settings = EndpointSettings(**{"backoff_s": 0.01, **(endpoint or {})})
+    return OpenAIGenerator(base_url=base_url, model=kw.pop("model", "m"), endpoint=settings, **kw)
 
 
 def test_config_uses_the_in_process_prompt(compose_cfg):
@@ -61,11 +63,11 @@ def test_cache_identity_is_model_parameters_and_prompt_not_url():
     assert a.id == generator("http://10.0.0.5:8000/v1").id
     assert a.id != generator("http://127.0.0.1:1/v1", model="other").id
     assert a.id != generator("http://127.0.0.1:1/v1", max_tokens=10).id
-    assert a.id != generator("http://127.0.0.1:1/v1", cache_namespace="q4").id
+    assert a.id != generator("http://127.0.0.1:1/v1", endpoint={"cache_namespace": "q4"}).id
     assert a.id == generator("http://127.0.0.1:1/v1", seed=7).id, "greedy answers do not depend on the seed"
     assert "seed" not in a.params() and generator("http://x:1/v1", temperature=0.7, seed=7).params()["seed"] == 7
-    with pytest.raises(RagError, match="llm.extra_body must not set"):
-        generator("http://x:1/v1", extra_body={"messages": []})
+    with pytest.raises(RagError, match=r"^llm.endpoint.extra_body must not set \['messages'\]: the request sets them"):
+        generator("http://x:1/v1", endpoint={"extra_body": {"messages": []}})
 
 
 def test_a_failed_run_resumes_with_the_missing_answers_only(tmp_path):
@@ -76,7 +78,7 @@ def test_a_failed_run_resumes_with_the_missing_answers_only(tmp_path):
         return (503, {}, "dying") if n >= down_after["n"] else echo(req, n)
 
     with ScriptedEndpoint(flaky) as srv:
-        gen = generator(srv.base_url, concurrency=1, max_retries=1)
+        gen = generator(srv.base_url, endpoint={"concurrency": 1, "max_retries": 1})
         with pytest.raises(RagError, match=r"failed after 2 attempts.*HTTP 503.*; 2 of 6 answers are recorded in the "
                                            r"cache, and a rerun asks only for the other 4$"):
             Artifacts(cache, timer=timer).answers(gen, QUESTIONS, CONTEXTS)
@@ -94,13 +96,13 @@ def test_a_failed_run_resumes_with_the_missing_answers_only(tmp_path):
     assert [d["from_earlier_run"] for d in made.details].count(True) == 2
     assert len(made.latency_ms) == 6 and all(m > 0 for m in made.latency_ms)
     # the whole-run artifact now answers a rerun, with no server at all
-    again = Artifacts(cache, timer=timer).answers(generator("http://127.0.0.1:9/v1", concurrency=1), QUESTIONS, CONTEXTS)
+    again = Artifacts(cache, timer=timer).answers(generator("http://127.0.0.1:9/v1", endpoint={"concurrency": 1}), QUESTIONS, CONTEXTS)
     assert again.answers == made.answers and again.hit and again.requests == 0
 
 
 def run_cfg(compose_cfg, tiny_files, srv, *extra: str):
     return compose_cfg(tiny_overrides(tiny_files) + ["llm=openai", f"llm.base_url={srv.base_url}", "llm.model=m",
-                                                     "llm.backoff_s=0.01", *extra])
+                                                     "llm.endpoint.backoff_s=0.01", *extra])
 
 
 def test_usage_is_recorded_per_question_and_summed(tiny_files, compose_cfg):
@@ -173,7 +175,7 @@ ENDPOINT_FAULTS = {
                                 r"an unreadable response body: <html>502 Bad Gateway</html>"),
     "JSON without choices": (lambda r, n: (200, {}, {"id": "x", "object": "chat.completion"}), 0.0,
                              r"an unreadable response body: \{\"id\": \"x\""),
-    "no answer within the timeout": (echo, 2.0, r"no complete response within 0.5 s \(llm.timeout_s\)"),
+    "no answer within the timeout": (echo, 2.0, r"no complete response within 0.5 s \(llm.endpoint.timeout_s\)"),
     "an answer trickled past the timeout": (lambda r, n: (200, {}, Trickle(completion("slow"), every_s=0.05, limit_s=6)),
                                             0.0, r"failed after 3 attempts .*: no complete response within 0.5 s"),
     "a redirect loop": (lambda r, n: (307, {"Location": "/v1/chat/completions"}, ""), 0.0,
@@ -191,7 +193,8 @@ def test_a_failing_endpoint_is_one_line_and_leaves_no_results(fault, tiny_files,
     with ScriptedEndpoint(chat or echo, delay_s=delay) as srv:
         url = "http://127.0.0.1:9/v1" if chat is None else srv.base_url
         cfg = compose_cfg(tiny_overrides(tiny_files) + ["llm=openai", f"llm.base_url={url}", "llm.model=m",
-                                                        "llm.backoff_s=0.01", "llm.max_retries=2", "llm.timeout_s=0.5"])
+                                                        "llm.endpoint.backoff_s=0.01", "llm.endpoint.max_retries=2",
+                                                        "llm.endpoint.timeout_s=0.5"])
         with pytest.raises(RagError) as e:
             run(cfg, tiny_files["out"])
     msg = str(e.value)

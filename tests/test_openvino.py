@@ -41,7 +41,7 @@ def test_llm_openvino_passes_the_start_up_checks(compose_cfg):
     ({"group_size": 0}, "llm.group_size must be positive"),
     ({"batch_size": 0}, "llm.batch_size must be positive"),
     ({"temperature": -1}, "llm.temperature must be >= 0"),
-    ({"num_threads": "many"}, "llm.num_threads must be a positive number, auto or null"),
+    ({"num_threads": "many"}, "llm.num_threads must be a positive integer, auto or null"),
 ])
 def test_a_bad_setting_is_one_line(kwargs, words):
     with pytest.raises(RagError) as e:

@@ -127,7 +127,7 @@ def test_all_questions_preset_is_every_question_on_the_whole_corpus_retrieval_on
         cfg = compose_cfg(overrides)
         assert cfg.slice.docs_per_source is None and cfg.slice.questions_per_corpus is None
         assert cfg.llm._target_ == "rag.llm.NoGenerator"
-        assert cfg.qa._target_ == "rag.qa.MixedQuestions"
+        assert cfg.qa._target_ == "rag.qa.mixed.MixedQuestions"
 
 
 def test_answers_for_a_sample_retrieval_for_every_question(tiny_files, compose_cfg):

@@ -34,7 +34,7 @@ def roles(base_url: str, *which: str, fresh: Path) -> list[str]:
         out += ["embedder=openai", f"embedder.base_url={base_url}", "embedder.model=emb", "embedder.batch_size=4"]
     if "rerank" in which:
         out += ["reranker=http", f"reranker.base_url={base_url}", "reranker.model=rr", "reranker.top_n=5",
-                f"reranker.cache_namespace={fresh}"]
+                f"reranker.endpoint.cache_namespace={fresh}"]
     if "generate" in which:
         out += ["llm=openai", f"llm.base_url={base_url}", "llm.model=m", "llm.max_tokens=16"]
     return out
@@ -95,9 +95,9 @@ def test_a_dry_run_after_an_interrupted_embedding_counts_only_the_blocks_left(ti
                                                                               monkeypatch):
     import numpy as np
 
-    import rag.artifacts as artifacts_mod
+    from rag.embedder import npy_writer
 
-    monkeypatch.setattr(artifacts_mod, "ENCODE_BLOCK", 4)
+    monkeypatch.setattr(npy_writer, "ENCODE_BLOCK", 4)
     with endpoint(minilm) as srv:
         over = tiny_overrides(tiny_files) + roles(srv.base_url, "embed", fresh=tiny_files["cache"])
         plan = run(compose_cfg(over + ["dry_run=true"]), tiny_files["out"] / "dry")["dry_run"]["roles"]["embed"]
@@ -152,7 +152,7 @@ def test_listwise_windows_are_counted_as_the_run_asks_them(tiny_files, compose_c
     with ScriptedEndpoint(ranking_server()) as srv:
         over = [*tiny_overrides(tiny_files), "reranker=llm_listwise", "llm@reranker.llm=openai",
                 f"reranker.llm.base_url={srv.base_url}", "reranker.llm.model=m", "reranker.top_n=6",
-                "reranker.window=4", "reranker.step=2", f"reranker.llm.cache_namespace={tiny_files['cache']}",
+                "reranker.window=4", "reranker.step=2", f"reranker.llm.endpoint.cache_namespace={tiny_files['cache']}",
                 "reranker.llm.max_tokens=20", *LATENCY]
         plan = run(compose_cfg(over + ["dry_run=true"]), tiny_files["out"] / "dry")["dry_run"]["roles"]["rerank"]
         assert srv.requests == []
@@ -169,7 +169,7 @@ def test_an_llm_compressor_behind_a_server_is_counted_per_context(tiny_files, co
     with endpoint(minilm) as srv:
         over = (tiny_overrides(tiny_files) + roles(srv.base_url, "generate", fresh=tiny_files["cache"])
                 + ["compressor=llm", "llm@compressor.llm=openai", f"compressor.llm.base_url={srv.base_url}",
-                   "compressor.llm.model=m", f"compressor.llm.cache_namespace={tiny_files['cache']}", "eval.k=3",
+                   "compressor.llm.model=m", f"compressor.llm.endpoint.cache_namespace={tiny_files['cache']}", "eval.k=3",
                    "eval.latency.sample=0"])
         plan = run(compose_cfg(over + ["dry_run=true"]), tiny_files["out"] / "dry")["dry_run"]["roles"]
         assert srv.requests == []

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rag.chunker import SlidingWindowChunker
+from rag.embedder.base import Embedder
 from rag.embedder.precomputed import PrecomputedEmbedder
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 from rag.pipeline import run
@@ -89,14 +90,14 @@ def test_a_repeated_id_another_dimension_and_a_wrong_path_are_one_line(made_else
 
 # ---- write_vectors: the cache's file filled batch by batch ----------------------------------------
 
-class FakeQueries:
+class FakeQueries(Embedder):
     """Only the dimension of the query model matters here."""
 
     def __init__(self, dim):
-        self.dim = dim
+        self.dims = dim
 
     def encode_queries(self, queries):
-        return np.zeros((len(queries), self.dim), np.float32)
+        return np.zeros((len(queries), self.dims), np.float32)
 
 
 def reference(ids, vecs, chunk_ids):

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from rag.config import data_dir
-from rag.qa import JsonlQuestions, MixedQuestions, PubMedQAQuestions
+from rag.qa.jsonl import JsonlQuestions
+from rag.qa.mixed import MixedQuestions
+from rag.qa.pubmedqa import PubMedQAQuestions
 from rag.types import QAItem, RagError, Relevance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +172,8 @@ def test_mixed_questions_from_hydra_config(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [q("a1")])
     b = write_jsonl(tmp_path / "b.jsonl", [q("b1")])
     cfg = OmegaConf.create(
-        {"_target_": "rag.qa.MixedQuestions", "parts": [{"_target_": "rag.qa.JsonlQuestions", "path": str(p)} for p in (a, b)]}
+        {"_target_": "rag.qa.mixed.MixedQuestions",
+         "parts": [{"_target_": "rag.qa.jsonl.JsonlQuestions", "path": str(p)} for p in (a, b)]}
     )
     assert [i.id for i in instantiate(cfg).load()] == ["a1", "b1"]
     assert [i.id for i in instantiate(cfg, _convert_="all").load()] == ["a1", "b1"]

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from rag.corpus.slicing import slice_questions
-from rag.qa import JsonlQuestions, MixedQuestions, QuestionSplit, split_hash
+from rag.qa.base import QuestionSplit, split_hash
+from rag.qa.jsonl import JsonlQuestions
+from rag.qa.mixed import MixedQuestions
 from rag.types import QAItem, RagError
 from tests.conftest import write_jsonl
 

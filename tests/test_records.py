@@ -1,4 +1,4 @@
-"""Records (rag/cache.py get_record/put_record): the small JSON results cached one by one (answers,
+"""Records (rag/cache.py get_record/put_record, checked by rag/cache_records.py): the small JSON results cached one by one (answers,
 rerank scores, judgements, context lines, excerpts, listwise orders) are checked before use like
 the artifacts are. A damaged, truncated, moved or unchecked record is named in one warning and read
 as absent, so that its caller computes it again; a seed record is read only when its bytes match
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from eval.judge import RECORD_KIND as JUDGEMENTS
-from rag.cache import RECORD_SUMS, SEED_INDEX, ArtifactCache
+from rag.cache import SEED_INDEX, ArtifactCache
+from rag.cache_records import RECORD_SUMS
 from rag.chunker.contextualize import CONTEXTS
 from rag.compressor.llm import EXCERPTS
 from rag.llm.answer_cache import RECORD_KIND as ANSWERS
@@ -222,7 +223,7 @@ def test_the_cross_encoder_rescores_a_question_whose_recorded_scores_were_damage
 def test_a_damaged_answer_is_asked_for_again_and_only_that_one(tmp_path, caplog):
     cache, timer = ArtifactCache(tmp_path), StageTimer()
     with ScriptedEndpoint(echo) as srv:
-        gen = generator(srv.base_url, concurrency=1)
+        gen = generator(srv.base_url, endpoint={"concurrency": 1})
         made, _ = generate_resumable(gen, QUESTIONS, PROMPT_CONTEXTS, cache, timer)
         assert len(srv.chat_requests) == 6
         damaged = cache.record_path(ANSWERS, answer_keys(gen.id, QUESTIONS, PROMPT_CONTEXTS)[2])

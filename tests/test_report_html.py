@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from experiments import html_report as H
+from experiments import page_data
 from experiments.aggregate import load_records
 from experiments.report import ReportSettings
 from experiments.report_files import build_report
@@ -67,39 +68,6 @@ def two_runs(tmp_path) -> tuple[Path, list]:
     return rep.html, records
 
 
-def test_match_span_picks_the_sentence_that_shares_the_truths_words():
-    s, e = H.match_span(CHUNK, H.content_words(TRUTH))
-    assert CHUNK[s:e] == SPAN  # 8 of its 12 content words are the truth's; the next sentence shares 4 of 6
-    assert H.match_span(CHUNK, H.content_words("statins reduce cardiovascular events")) is None
-    run_on = " ".join(f"w{i}" for i in range(200)) + " large file offsets flock structure " + " ".join("x" * 3 for _ in range(50))
-    s, e = H.match_span(run_on, H.content_words("large file offsets in the flock structure"))
-    assert "large file offsets flock structure" in run_on[s:e] and len(run_on[s:e].split()) <= H.WINDOW_WORDS
-
-
-def test_sources_are_named_as_the_context_labels_name_them():
-    from rag.context import source_label
-
-    for doc_id in ("pmid:123", "man:fcntl.2", "man:x", "torch:torch.nn.Module", "torchdoc:notes/amp", "other:1", "plain"):
-        assert H.source_label(doc_id) == source_label(doc_id), doc_id
-
-
-def test_cut_keeps_the_span_and_its_offsets():
-    span = H.match_span(CHUNK, H.content_words(TRUTH))
-    text, s, e = H.cut(CHUNK, span, 80)
-    assert len(text) <= 82 and text.startswith("…")
-    assert text[s:e] in CHUNK[span[0]:span[1]] and e - s > 20
-    assert H.cut(CHUNK, span, 10_000) == (CHUNK, *span)
-    assert H.cut("a" * 50, None, 20) == ("a" * 20 + "…", -1, -1)
-
-
-def test_context_limit_fits_the_budget():
-    lengths = [500] * 1000
-    assert H.context_limit(lengths, 1200, budget=10**6) == 1200
-    limit = H.context_limit(lengths, 1200, budget=300_000)
-    assert sum(min(n, limit) for n in lengths) <= 300_000 < sum(min(n, limit + 1) for n in lengths)
-    assert H.context_limit(lengths, 1200, budget=10) == H.MIN_CONTEXT_CHARS
-
-
 def test_inline_svg_prefixes_ids_and_refuses_external_references():
     svg = ('<?xml version="1.0"?>\n<!DOCTYPE svg PUBLIC "-//W3C//DTD SVG 1.1//EN" "x.dtd">\n'
            '<svg xmlns:xlink="http://www.w3.org/1999/xlink" width="10pt" height="5pt" viewBox="0 0 10 5">'
@@ -123,18 +91,21 @@ def test_report_embeds_every_question_and_can_fetch_nothing(two_runs):
     assert data["runs"] == ["v1", "v2"] and data["baseline"] == "v1"
     qs = {q["id"]: q for q in data["questions"]}
     assert len(qs) == 30  # the union of both runs' questions
-    assert qs["q0"]["r"][1] is None and qs["q7"]["r"][1] is not None  # q0..q4 are not in v2
+    assert qs["q0"]["runs"][1] is None and qs["q7"]["runs"][1] is not None  # q0..q4 are not in v2
     q = qs["q7"]
-    assert q["g"] == TRUTH and q["s"] == "man page fcntl(2)" and q["c"] in ("libc", "pubmed")
-    run = q["r"][0]
+    assert q["ground_truth"] == TRUTH and q["source"] == "man page fcntl(2)" and q["corpus"] in ("libc", "pubmed")
+    assert q["source_id"] == "man:fcntl.2"
+    run = q["runs"][0]
     strings, labels = data["strings"], data["labels"]
-    assert "</script>" in strings[run["a"]]  # the answer survives, escaped inside the JSON
-    first, second, third = run["r"]
-    text = strings[first[6]]
-    assert text[first[7]:first[8]] == SPAN
-    assert labels[first[9]] == {"source document": True}  # no label field: the doc-id match
-    assert labels[second[9]] == {"relevant_label": 0}  # a label field the scorer added is shown as is
-    assert (third[7], third[8]) == (0, 10)  # a labelled span wins over the word-overlap one
+    assert "</script>" in strings[run["answer"]]  # the answer survives, escaped inside the JSON
+    ranked = run["retrieved"]  # a table by column: entry i of each list is the chunk ranked i + 1
+    assert ranked["rank"] == [1, 2, 3] and ranked["relevant"] == [True, False, False]
+    (start, end), _, third_span = ranked["span"]
+    assert strings[ranked["text"][0]][start:end] == SPAN
+    first, second, _ = (labels[i] for i in ranked["labels"])
+    assert first == {"source document": True}  # no label field: the doc-id match
+    assert second == {"relevant_label": 0}  # a label field the scorer added is shown as is
+    assert third_span == [0, 10]  # a labelled span wins over the word-overlap one
     assert data["docs"]["pmid:77"] == "PubMed PMID 77" and data["docs"]["torch:torch.nn.Module"] == "PyTorch torch.nn.Module"
     assert len(strings) == len(set(strings))  # every string stored once
     assert [m["name"] for m in data["metrics"]] == ["mrr", "hit_at_k_id", "latency_ms"]
@@ -158,14 +129,15 @@ def test_big_reports_are_cut_to_size(tmp_path, monkeypatch):
         for j, e in enumerate(r["retrieved"]):
             e["text"] = f"{i}-{j} " + "filler words here. " * 200 + CHUNK
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    monkeypatch.setattr(H, "TEXT_BUDGET_CHARS", 40_000)
+    monkeypatch.setattr(page_data, "TEXT_BUDGET_CHARS", 40_000)
     rep = build_report(load_records([tmp_path / "runs"]), tmp_path / "out", ReportSettings(charts=False))
     data = embedded(rep.html.read_text(encoding="utf-8"))
-    assert H.MIN_CONTEXT_CHARS <= data["context_limit"] < 1200
-    first = data["questions"][0]["r"][0]["r"][0]
-    text = data["strings"][first[6]]
+    assert page_data.MIN_CONTEXT_CHARS <= data["context_limit"] < 1200
+    ranked = data["questions"][0]["runs"][0]["retrieved"]
+    text = data["strings"][ranked["text"][0]]
     assert len(text) <= data["context_limit"] + 2 and text.startswith("…")  # cut around the span, not the head
-    assert text[first[7]:first[8]] == SPAN
+    start, end = ranked["span"][0]
+    assert text[start:end] == SPAN
     assert f"cut to {data['context_limit']} characters" in rep.html.read_text(encoding="utf-8")
 
 

@@ -208,7 +208,7 @@ def test_labelled_examples_use_the_passage_that_holds_the_answer():
 def test_labelled_questions_must_be_a_train_part(tmp_path: Path):
     path = tmp_path / "q.jsonl"
     path.write_text("".join(json.dumps({"id": f"q{i}", "question": f"q{i}?", "answer": "a"}) + "\n" for i in range(20)))
-    spec = {"_target_": "rag.qa.JsonlQuestions", "path": str(path)}
+    spec = {"_target_": "rag.qa.jsonl.JsonlQuestions", "path": str(path)}
     for part in ("all", "test"):
         with pytest.raises(RagError, match="train"):
             question_set({**spec, "split": {"part": part}})

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from rag.pipeline import run
-from rag.retriever import BM25Retriever, source_filters
-from rag.routing import Router, routing_report
+from rag.retriever.lexical import BM25Retriever
+from rag.retriever.routing import Router, routing_report
+from rag.retriever.source_filter import source_filters
 from rag.types import RagError
 from tests.conftest import tiny_overrides
 

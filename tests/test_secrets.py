@@ -102,7 +102,7 @@ def test_a_key_pasted_into_any_roles_api_key_env_is_refused_redacted(role):
                                       "run's files; export it and set llm.api_key_env=NAME")),
     (f"embedder.base_url=http://bob:{PASSWORD}@127.0.0.1:9/v1",
      "embedder.base_url must not hold credentials (got http://…redacted@127.0.0.1:9/v1)"),
-    (f"+llm.extra_body.auth={KEY}", "llm.extra_body.auth holds what looks like a key (sk-…redacted)"),
+    (f"+llm.endpoint.extra_body.auth={KEY}", "llm.endpoint.extra_body.auth holds what looks like a key (sk-…redacted)"),
 ])
 def test_secrets_anywhere_in_the_config_are_refused_redacted(override, expect):
     base = ["embedder=openai"] if override.startswith("embedder") else ["llm=openai"]

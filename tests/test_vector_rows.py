@@ -1,8 +1,8 @@
-"""Rows of a memory-mapped vectors file, read and written with file I/O (rag/vector_rows.py):
+"""Rows of a memory-mapped vectors file, read and written with file I/O (rag/index/vector_rows.py):
 the same rows as indexing the mapping, in any order, from any slice, float16 read as float32."""
 import numpy as np
 
-from rag.vector_rows import read_rows, take_rows, write_rows
+from rag.index.vector_rows import read_rows, take_rows, write_rows
 from tests.test_index import mapped, structured
 
 

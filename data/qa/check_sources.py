@@ -242,7 +242,7 @@ def corpus_ids() -> set[str]:
 
     from rag.cache import ArtifactCache
     from rag.config import register_resolvers
-    from rag.artifacts import load_corpus
+    from rag.corpus.loading import load_corpus
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -3,9 +3,11 @@ example of docs/extending.md (run by tests/test_docs.py)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from rag.reranker.base import Reranker
-from rag.types import Chunk, Hits, RagError
+from rag.schema import PositiveInt, checked
+from rag.types import Chunk, Hits
 
 WORD = re.compile(r"[a-z0-9]+")
 
@@ -18,13 +20,12 @@ class WordOverlapReranker(Reranker):
     """Orders each question's top_n candidates by the number of question words they contain;
     ties keep the first stage's order."""
 
-    def __init__(self, top_n: int = 20, min_word_chars: int = 3) -> None:
-        if int(top_n) <= 0:
-            raise RagError(f"reranker.top_n must be positive, got {top_n}")
-        self.top_n = int(top_n)
-        self.min_word_chars = int(min_word_chars)
+    @checked("reranker")  # each argument must pass its annotation's rule (rag/schema.py)
+    def __init__(self, top_n: PositiveInt = 20, min_word_chars: PositiveInt = 3) -> None:
+        self.top_n = top_n
+        self.min_word_chars = min_word_chars
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
+    def rerank(self, queries: list[str], hits: Hits, chunks: Sequence[Chunk], k: int, reuse: bool = True) -> Hits:
         rows = []
         for q, query in enumerate(queries):
             asked = {w for w in words(query) if len(w) >= self.min_word_chars}

@@ -10,7 +10,7 @@
   function str(i) { return i == null || i < 0 ? "" : S[i]; }
   function metricIndex(name) { for (var i = 0; i < M.length; i++) if (M[i].name === name) return i; return -1; }
   function fmt(v, m) { return v == null ? "–" : v.toFixed(M[m].decimals); }
-  function val(q, r, m) { var x = q.r[r]; return x && m >= 0 ? x.m[m] : null; }
+  function val(q, r, m) { var x = q.runs[r]; return x && m >= 0 ? x.metrics[m] : null; }
 
   var state = { a: metricIndex(D.key[0]), b: D.key.length > 1 ? metricIndex(D.key[1]) : -1, sort: null, dir: 1,
                 order: Q.map(function (_, i) { return i; }), visible: [], open: -1 };
@@ -28,7 +28,7 @@
 
   function initControls() {
     var corpora = {};
-    Q.forEach(function (q) { corpora[q.c] = (corpora[q.c] || 0) + 1; });
+    Q.forEach(function (q) { corpora[q.corpus] = (corpora[q.corpus] || 0) + 1; });
     Object.keys(corpora).sort().forEach(function (c) { $("f-corpus").appendChild(option(c, c + " (" + corpora[c] + ")")); });
     M.forEach(function (m, i) {
       $("f-metric-a").appendChild(option(i, m.short));
@@ -47,7 +47,7 @@
   }
 
   function columns() {
-    var cols = [{ key: "id", label: "id" }, { key: "c", label: "corpus" }, { key: "q", label: "question" }];
+    var cols = [{ key: "id", label: "id" }, { key: "corpus", label: "corpus" }, { key: "question", label: "question" }];
     [state.a, state.b].forEach(function (m) {
       if (m < 0) return;
       R.forEach(function (r, i) { cols.push({ key: "m", run: i, metric: m, label: r + " · " + M[m].short }); });
@@ -64,7 +64,7 @@
     document.querySelector("#qtable thead").innerHTML = head;
     var rows = new Array(Q.length);
     for (var i = 0; i < Q.length; i++) {
-      var q = Q[i], cells = ["<td>" + esc(q.id) + "</td><td>" + esc(q.c) + '</td><td class="q">' + esc(q.q) + "</td>"];
+      var q = Q[i], cells = ["<td>" + esc(q.id) + "</td><td>" + esc(q.corpus) + '</td><td class="q">' + esc(q.question) + "</td>"];
       for (var j = 3; j < cols.length; j++) {
         var c = cols[j], o = outcome(q, c.run, c.metric);
         cells.push('<td class="num' + (o === 1 ? " win" : o === -1 ? " lose" : "") + '">' + fmt(val(q, c.run, c.metric), c.metric) + "</td>");
@@ -100,17 +100,17 @@
 
   function matches(q) {
     var corpus = $("f-corpus").value, text = $("f-text").value.trim().toLowerCase();
-    if (corpus && q.c !== corpus) return false;
-    if (text && (q.id + "\n" + q.q + "\n" + q.g).toLowerCase().indexOf(text) < 0) return false;
+    if (corpus && q.corpus !== corpus) return false;
+    if (text && (q.id + "\n" + q.question + "\n" + (q.ground_truth || "")).toLowerCase().indexOf(text) < 0) return false;
     var run = $("f-run").value, want = $("f-outcome").value, cls = $("f-class").value, trans = $("f-trans").value;
     if (run === "" && want === "" && cls === "" && trans === "") return true;
     // The fault class and the change (fixed/broken against the baseline) apply to the run chosen
     // under "Questions where", or to any run; the class also to the baseline.
     var runs = run === "" ? R.map(function (_, i) { return i; }).filter(function (i) { return i !== BASE || want === "" && trans === ""; }) : [+run];
     return runs.some(function (r) {
-      var x = q.r[r];
-      if (cls !== "" && !(x && x.f === +cls)) return false;
-      if (trans !== "" && !(x && x.t === +trans)) return false;
+      var x = q.runs[r];
+      if (cls !== "" && !(x && x.fault === +cls)) return false;
+      if (trans !== "" && !(x && x.change === +trans)) return false;
       if (want === "") return true;
       var o = outcome(q, r, state.a);
       if (o === null) return false;
@@ -129,9 +129,9 @@
     $("count").textContent = "showing " + shown.length + " of " + Q.length + " questions";
   }
 
-  function highlighted(text, hs, he) {
-    if (hs == null || hs < 0 || he <= hs) return esc(text);
-    return esc(text.slice(0, hs)) + "<mark>" + esc(text.slice(hs, he)) + "</mark>" + esc(text.slice(he));
+  function highlighted(text, span) {
+    if (!span || span[1] <= span[0]) return esc(text);
+    return esc(text.slice(0, span[0])) + "<mark>" + esc(text.slice(span[0], span[1])) + "</mark>" + esc(text.slice(span[1]));
   }
 
   function badge(text, yes) { return '<span class="badge ' + (yes === true ? "yes" : yes === false ? "no" : "") + '">' + esc(text) + "</span>"; }
@@ -145,14 +145,21 @@
     }).join(" ");
   }
 
-  function contextHtml(e) {
-    // [rank, chunk id, doc id, score, sim, relevant by sim, text, span start, span end, labels]
-    var doc = str(e[2]);
-    var hdr = "<b>#" + e[0] + "</b><span>" + esc(D.docs[doc] || doc) + '</span><span title="chunk id">' + esc(str(e[1])) + "</span>" +
-      "<span>score " + (e[3] == null ? "–" : e[3].toFixed(4)) + "</span><span>sim " + (e[4] == null ? "–" : e[4].toFixed(3)) + "</span>" +
-      badge("relevant (sim ≥ " + D.tau_recall + ")" + (e[5] ? " ✓" : " ✗"), !!e[5]) + " " + labelBadges(D.labels[e[9]]);
-    return '<div class="ctx"><div class="hdr">' + hdr + '</div><div class="txt">' + highlighted(str(e[6]), e[7], e[8]) + "</div></div>";
+  // The ranked chunks and the LLM's contexts come as tables by column: entry i of each list.
+  function retrievedHtml(t, i) {
+    var doc = str(t.doc_id[i]), score = t.score[i], sim = t.sim_to_truth[i];
+    var hdr = "<b>#" + t.rank[i] + "</b><span>" + esc(D.docs[doc] || doc) + '</span><span title="chunk id">' + esc(str(t.chunk_id[i])) + "</span>" +
+      "<span>score " + (score == null ? "–" : score.toFixed(4)) + "</span><span>sim " + (sim == null ? "–" : sim.toFixed(3)) + "</span>" +
+      badge("relevant (sim ≥ " + D.tau_recall + ")" + (t.relevant[i] ? " ✓" : " ✗"), t.relevant[i]) + " " + labelBadges(D.labels[t.labels[i]]);
+    return '<div class="ctx"><div class="hdr">' + hdr + '</div><div class="txt">' + highlighted(str(t.text[i]), t.span[i]) + "</div></div>";
   }
+
+  function givenHtml(t, i) {
+    return '<div class="ctx"><div class="hdr"><b>[' + (i + 1) + "]</b><span>" + esc(t.label[i]) + '</span></div><div class="txt">' +
+      highlighted(str(t.text[i]), t.span[i]) + "</div></div>";
+  }
+
+  function rows(t, html) { return t.text.map(function (_, i) { return html(t, i); }).join(""); }
 
   function metricsTable(q) {
     var head = "<tr><th>metric</th>" + R.map(function (r) { return "<th>" + esc(r) + (R.indexOf(r) === BASE ? " (baseline)" : "") + "</th>"; }).join("") + "</tr>";
@@ -168,18 +175,15 @@
   }
 
   function runHtml(q, r) {
-    var x = q.r[r];
+    var x = q.runs[r];
     var h = "<h4>" + esc(R[r]) + (r === BASE ? ' <span class="tag">baseline</span>' : "") + "</h4>";
     if (!x) return '<div class="run">' + h + "<p>not in this run</p></div>";
-    var lat = Object.keys(x.lat || {}).map(function (k) { return k + " " + x.lat[k] + " ms"; }).join(", ");
+    var lat = Object.keys(x.latency_ms || {}).map(function (k) { return k + " " + x.latency_ms[k] + " ms"; }).join(", ");
     if (lat) h += '<div class="note">latency: ' + esc(lat) + "</div>";
-    if (x.a >= 0) h += "<div><b>Answer</b></div><div class=\"answer\">" + esc(str(x.a)) + "</div>";
-    h += "<div><b>Ranked contexts</b> (" + x.r.length + ")</div>" + x.r.map(contextHtml).join("");
-    if (x.x && x.x.length) {
-      h += "<details><summary>Contexts given to the LLM (" + x.x.length + ")</summary>" + x.x.map(function (c, n) {
-        return '<div class="ctx"><div class="hdr"><b>[' + (n + 1) + "]</b><span>" + esc(c[0]) + '</span></div><div class="txt">' +
-          highlighted(str(c[1]), c[2], c[3]) + "</div></div>";
-      }).join("") + "</details>";
+    if (x.answer >= 0) h += "<div><b>Answer</b></div><div class=\"answer\">" + esc(str(x.answer)) + "</div>";
+    h += "<div><b>Ranked contexts</b> (" + x.retrieved.text.length + ")</div>" + rows(x.retrieved, retrievedHtml);
+    if (x.contexts.text.length) {
+      h += "<details><summary>Contexts given to the LLM (" + x.contexts.text.length + ")</summary>" + rows(x.contexts, givenHtml) + "</details>";
     }
     return '<div class="run">' + h + "</div>";
   }
@@ -188,10 +192,10 @@
     var q = Q[i];
     if (!q) return;
     state.open = i;
-    $("d-title").textContent = q.id + " · " + q.c;
-    var src = q.sid ? "<p>Source: <b>" + esc(q.s) + "</b> <small>(" + esc(q.sid) + ")</small></p>" : "";
-    $("d-body").innerHTML = '<div class="qhead"><div class="qinfo"><p class="qtext">' + esc(q.q) +
-      '</p><div class="truth"><b>Ground truth.</b> ' + esc(q.g) + "</div>" + src + "</div>" + metricsTable(q) + "</div>" +
+    $("d-title").textContent = q.id + " · " + q.corpus;
+    var src = q.source_id ? "<p>Source: <b>" + esc(q.source) + "</b> <small>(" + esc(q.source_id) + ")</small></p>" : "";
+    $("d-body").innerHTML = '<div class="qhead"><div class="qinfo"><p class="qtext">' + esc(q.question) +
+      '</p><div class="truth"><b>Ground truth.</b> ' + esc(q.ground_truth) + "</div>" + src + "</div>" + metricsTable(q) + "</div>" +
       '<div class="runs" style="grid-template-columns: repeat(' + R.length + ', minmax(320px, 1fr))">' +
       R.map(function (_, r) { return runHtml(q, r); }).join("") + "</div>";
     $("detail").hidden = false;

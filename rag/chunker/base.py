@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from rag.schema import check_arguments
 from rag.types import Chunk, Document, RagError, make_chunk
 
 Span = tuple[int, int]
@@ -24,8 +25,9 @@ class Chunker(Protocol):
 
 
 class BaseChunker:
-    """Arguments are stored by `__init__` and checked (and normalized) by `_validate`, which is
-    separate so that `with_chunk_size` can re-check a copy with a different size."""
+    """Each argument is checked by its annotation's rule (`@checked("chunker")` on `__init__`);
+    `_validate` checks what spans two arguments (an overlap below the size), separately so that
+    `with_chunk_size` can re-check a copy with a different size."""
 
     chunk_size: int
 
@@ -33,9 +35,10 @@ class BaseChunker:
         raise NotImplementedError
 
     def _validate(self) -> None:
-        self.chunk_size = check_positive("chunker.chunk_size", self.chunk_size)
+        """The checks that span two arguments (none here)."""
 
     def with_chunk_size(self, chunk_size: int) -> "BaseChunker":
+        check_arguments(type(self).__init__, "chunker", {"chunk_size": chunk_size})
         other = copy.copy(self)
         other.chunk_size = chunk_size
         other._validate()
@@ -47,39 +50,14 @@ class BaseChunker:
 
 
 # ---------------------------------------------------------------------------------------------
-# argument checks (messages name the config field, as the CLI user wrote it)
+# argument checks that span two arguments (messages name the config field, as the CLI user wrote it)
 
 
-def check_int(name: str, value: Any) -> int:
-    # bool is an int subclass, but `chunk_size: true` is certainly a config mistake
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise RagError(f"{name} must be an integer, got {value!r}")
-    return value
-
-
-def check_positive(name: str, value: Any) -> int:
-    value = check_int(name, value)
-    if value <= 0:
-        raise RagError(f"{name} must be positive, got {value}")
-    return value
-
-
-def check_non_negative(name: str, value: Any) -> int:
-    value = check_int(name, value)
-    if value < 0:
-        raise RagError(f"{name} must be >= 0, got {value}")
-    return value
-
-
-def check_overlap(overlap: Any, chunk_size: int, unit: str = "") -> int:
-    overlap = check_non_negative("chunker.chunk_overlap", overlap)
+def check_overlap(overlap: int, chunk_size: int, unit: str = "") -> None:
     if overlap >= chunk_size:
         raise RagError(
             f"chunker.chunk_overlap ({overlap}{unit}) must be smaller than chunker.chunk_size ({chunk_size})"
         )
-    return overlap
 
 
 def check_chunker(name: str, value: Any) -> Any:

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
-from rag.cache import make_key
+from rag.cache import ArtifactCache, make_key
+from rag.llm.base import Generator
+from rag.schema import PositiveInt, checked
 from rag.types import Chunk, Context, Document, RagError
 
 log = logging.getLogger(__name__)
@@ -48,8 +51,8 @@ def title_of(doc: Document) -> str:
     return f"{label}: {title}" if title and title != label else label
 
 
-def prefixes(mode: str, docs: list[Document], chunks: list[Chunk], contextualizer: Any = None,
-             cache: Any = None) -> list[str] | None:
+def prefixes(mode: str, docs: Sequence[Document], chunks: Sequence[Chunk],
+             contextualizer: LLMContextualizer | None = None, cache: ArtifactCache | None = None) -> list[str] | None:
     """Per chunk, the line indexed before its text (None: `none`, the chunk's text alone)."""
     if check_mode(mode) == "none":
         return None
@@ -68,13 +71,12 @@ class LLMContextualizer:
     (their requests run concurrently, each answer on its own); in-process ones one chunk at a time,
     because a batch's padding can change a greedy answer and each line is recorded on its own."""
 
-    def __init__(self, llm: Any, document_chars: int = 2000, max_chars: int = 300):
-        if not hasattr(llm, "generate") or not hasattr(llm, "id"):
+    @checked("contextualizer")
+    def __init__(self, llm: Generator, document_chars: PositiveInt = 2000, max_chars: PositiveInt = 300):
+        if not isinstance(llm, Generator):
             raise RagError("contextualizer.llm must be a generator config (an llm/ option, e.g. smollm2 or openai)")
-        for name, value in (("document_chars", document_chars), ("max_chars", max_chars)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise RagError(f"contextualizer.{name} must be a positive integer, got {value!r}")
         self.llm, self.document_chars, self.max_chars = llm, document_chars, max_chars
+        self.endpoint = llm.endpoint  # served through its generator
         self.stats = {"chunks": 0, "generated": 0, "from_cache": 0, "empty": 0}
 
     def use_cache(self, cache: Any) -> None:
@@ -99,30 +101,34 @@ class LLMContextualizer:
         opening = hashlib.sha256(doc.text[: self.document_chars].encode("utf-8", "surrogatepass")).hexdigest()
         return make_key(CONTEXTS, self.id, {"document": opening, "chunk": chunk.text})
 
-    def missing(self, docs: list[Document], chunks: list[Chunk], cache: Any) -> list[int]:
+    def missing(self, docs: Sequence[Document], chunks: Sequence[Chunk], cache: ArtifactCache) -> list[int]:
         """Rows of the chunks whose line is not recorded yet."""
         by_id = {d.id: d for d in docs}
         return [i for i, c in enumerate(chunks) if cache.get_record(CONTEXTS, self.key(by_id[c.doc_id], c)) is None]
 
-    def lines(self, docs: list[Document], chunks: list[Chunk], cache: Any) -> list[str]:
+    def lines(self, docs: Sequence[Document], chunks: Sequence[Chunk], cache: ArtifactCache) -> list[str]:
         by_id = {d.id: d for d in docs}
         keys = [self.key(by_id[c.doc_id], c) for c in chunks]
-        found = [cache.get_record(CONTEXTS, k) for k in keys]
-        todo = [i for i, rec in enumerate(found) if rec is None]
+        found: dict[int, str] = {}
+        for i, k in enumerate(keys):
+            rec = cache.get_record(CONTEXTS, k)
+            if rec is not None:
+                found[i] = rec["line"]
+        todo = [i for i in range(len(keys)) if i not in found]
         self.stats.update(chunks=len(chunks), from_cache=len(chunks) - len(todo))
         if todo:
             log.info("contextualize: asking the LLM about %d of %d chunks", len(todo), len(chunks))
             self.llm.warm_up()
             # served: 64 chunks per call (concurrent requests; each call's lines recorded before the next)
-            step = 64 if getattr(self.llm, "resumable", False) else 1
+            step = 64 if self.llm.resumable else 1
             groups = [todo[i:i + step] for i in range(0, len(todo), step)]
             for group in groups:
                 asked = [self.request(by_id[chunks[i].doc_id], chunks[i]) for i in group]
                 answers = self.llm.generate([q for q, _ in asked], [c for _, c in asked])
-                for i, answer in zip(group, answers):
-                    found[i] = {"line": " ".join(str(answer or "").split())[: self.max_chars]}
-                    cache.put_record(CONTEXTS, keys[i], found[i])
+                for i, answer in zip(group, answers or []):
+                    found[i] = " ".join(str(answer or "").split())[: self.max_chars]
+                    cache.put_record(CONTEXTS, keys[i], {"line": found[i]})
                     self.stats["generated"] += 1
-        out = [rec["line"] for rec in found]
+        out = [found[i] for i in range(len(keys))]
         self.stats["empty"] = sum(1 for line in out if not line)
         return out

@@ -10,6 +10,7 @@ from rag.chunker.base import (
     sentence_spans,
     spans_to_chunks,
 )
+from rag.schema import PositiveInt, checked
 from rag.types import Chunk, Document
 
 
@@ -18,9 +19,9 @@ class ParagraphChunker(BaseChunker):
     gets chunks of its own, made of packed sentences (and character pieces of overlong ones), so
     that a chunk never mixes the tail of a long paragraph with its neighbours."""
 
-    def __init__(self, chunk_size: int = 1024):
+    @checked("chunker")
+    def __init__(self, chunk_size: PositiveInt = 1024):
         self.chunk_size = chunk_size
-        self._validate()
 
     def split(self, doc: Document) -> list[Chunk]:
         text, size = doc.text, self.chunk_size

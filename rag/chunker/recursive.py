@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rag.chunker.base import BaseChunker, Span, check_overlap, spans_to_chunks, text_bounds, trim_span, window_spans
-from rag.types import Chunk, Document, RagError
+from rag.schema import NonNegativeInt, PositiveInt, Separators, checked
+from rag.types import Chunk, Document
 
 DEFAULT_SEPARATORS = ("\n\n", "\n", ". ", " ", "")
 
@@ -22,25 +23,20 @@ class RecursiveChunker(BaseChunker):
     chunk starting with the trailing pieces of the previous one that fit in `chunk_overlap`
     characters. A separator stays with the piece before it, so ". " keeps a sentence's period."""
 
+    @checked("chunker")
     def __init__(
         self,
-        chunk_size: int = 512,
-        chunk_overlap: int = 64,
-        separators: Sequence[str] = DEFAULT_SEPARATORS,
+        chunk_size: PositiveInt = 512,
+        chunk_overlap: NonNegativeInt = 64,
+        separators: Separators = DEFAULT_SEPARATORS,
     ):
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
-        self.separators = separators
+        self.separators = tuple(separators)
         self._validate()
 
     def _validate(self) -> None:
-        super()._validate()
-        self.chunk_overlap = check_overlap(self.chunk_overlap, self.chunk_size)
-        seps = self.separators
-        # a bare string would otherwise be taken as a list of one-character separators
-        if isinstance(seps, str) or not all(isinstance(s, str) for s in seps):
-            raise RagError(f"chunker.separators must be a list of strings, got {seps!r}")
-        self.separators = tuple(seps)
+        check_overlap(self.chunk_overlap, self.chunk_size)
 
     def split(self, doc: Document) -> list[Chunk]:
         bounds = text_bounds(doc.text)

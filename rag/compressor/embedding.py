@@ -9,16 +9,17 @@ import numpy as np
 
 from rag.chunker import sentence_spans
 from rag.compressor.base import Compressor
+from rag.embedder.base import Embedder
 from rag.models import use_cache
-from rag.types import Context, RagError
+from rag.schema import Cosine, checked
+from rag.types import Context
 
 
 class EmbeddingCompressor(Compressor):
     name = "embedding"
 
-    def __init__(self, embedder: Any, threshold: float = 0.76):
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not -1 <= threshold <= 1:
-            raise RagError(f"compressor.threshold must be a cosine similarity in [-1, 1], got {threshold!r}")
+    @checked("compressor")
+    def __init__(self, embedder: Embedder, threshold: Cosine = 0.76):
         self.embedder, self.threshold = embedder, float(threshold)
 
     def use_cache(self, cache: Any) -> None:
@@ -26,7 +27,7 @@ class EmbeddingCompressor(Compressor):
 
     @property
     def id(self) -> dict[str, Any]:
-        return {"compressor": self.name, "embedder": getattr(self.embedder, "id", repr(self.embedder)),
+        return {"compressor": self.name, "embedder": self.embedder.id,
                 "threshold": self.threshold}
 
     def warm_up(self) -> None:
@@ -38,8 +39,7 @@ class EmbeddingCompressor(Compressor):
         if not flat:
             return [[] for _ in contexts]
         vecs = self.embedder.encode(flat, show_progress=False)
-        encode_q = getattr(self.embedder, "encode_queries", None)
-        q_vecs = encode_q(list(queries)) if encode_q else self.embedder.encode(list(queries), show_progress=False)
+        q_vecs = self.embedder.encode_queries(list(queries))
         vecs = vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
         q_vecs = q_vecs / np.maximum(np.linalg.norm(q_vecs, axis=1, keepdims=True), 1e-12)
         out: list[list[Context]] = []

@@ -14,12 +14,15 @@ compressor.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from rag.cache import make_key
 from rag.chunker import sentence_spans
 from rag.compressor.base import Compressor
+from rag.llm.base import Generator
 from rag.models import UsesCache, use_cache
+from rag.schema import Text, checked
 from rag.types import Context, RagError
 
 log = logging.getLogger(__name__)
@@ -34,10 +37,12 @@ def _norm(text: str) -> str:
 class LLMCompressor(UsesCache, Compressor):
     name = "llm"
 
-    def __init__(self, llm: Any, none_reply: str = "NO_OUTPUT"):
-        if not hasattr(llm, "generate") or not hasattr(llm, "id"):
+    @checked("compressor")
+    def __init__(self, llm: Generator, none_reply: Text = "NO_OUTPUT"):
+        if not isinstance(llm, Generator):
             raise RagError("compressor.llm must be a generator config (an llm/ option, e.g. smollm2 or openai)")
         self.llm, self.none_reply = llm, str(none_reply)
+        self.endpoint = llm.endpoint  # served through its generator
         self.usage = {"requests": 0, "from_cache": 0, "unfaithful_excerpts": 0, "empty_excerpts": 0}
 
     def use_cache(self, cache: Any) -> None:
@@ -52,7 +57,9 @@ class LLMCompressor(UsesCache, Compressor):
         self.llm.warm_up()
 
     def excerpt(self, query: str, context: Context) -> str:
-        key = make_key(EXCERPTS, {"llm": self.llm.id}, {"query": query, "text": context.text, "label": context.label})
+        # the label may be None: in the key as null, as it always was
+        inputs: Mapping[str, Any] = {"query": query, "text": context.text, "label": context.label}
+        key = make_key(EXCERPTS, {"llm": self.llm.id}, inputs)
         rec = self.cache.get_record(EXCERPTS, key)
         if rec is not None:
             self.usage["from_cache"] += 1

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from rag.types import Document, RagError
 
@@ -21,12 +21,14 @@ class Corpus:
     """Base class of the corpus readers.
 
     `skipped` lists what `load()` left out (unrenderable pages, articles without an abstract...);
-    it is reset by every `load()`.
+    it is reset by every `load()`. `parts`: the corpora a mixed corpus is made of, each read and
+    cached on its own (empty for a reader of its own inputs).
     """
 
     # Bump when a reader's output changes for the same inputs (parsing, normalisation), so that
     # documents cached under the old fingerprint are not reused.
     format_version = 1
+    parts: Sequence[Corpus] = ()
 
     def __init__(self) -> None:
         self.skipped: list[str] = []
@@ -209,7 +211,7 @@ def claim_id(first_line: dict[str, int], key: str, lineno: int, where: str, what
     first_line[key] = lineno
 
 
-def concatenate_parts(parts: list[Any], who: str, what: str) -> list[Any]:
+def concatenate_parts(parts: Sequence[Any], who: str, what: str) -> list[Any]:
     """Everything the parts load, in order (documents or questions, anything with an `id`); an id
     that two parts both hold is one error naming the parts."""
     out: list[Any] = []
@@ -240,6 +242,14 @@ def jsonl_records(path: Path, id_field: str, what: str, setting: str | None = No
         yield where, key, obj
 
 
+@overload
+def text_value(value: Any, field: str, where: str, *, required: Literal[True] = True, is_id: bool = False) -> str: ...
+
+
+@overload
+def text_value(value: Any, field: str, where: str, *, required: bool, is_id: bool = False) -> str | None: ...
+
+
 def text_value(value: Any, field: str, where: str, *, required: bool = True, is_id: bool = False) -> str | None:
     """The one rule for every text-valued field of every input format (documents, titles,
     questions, answers, ids, sources, corpus tags, relevance labels; JSONL, BEIR, PubMedQA,
@@ -264,9 +274,28 @@ def text_value(value: Any, field: str, where: str, *, required: bool = True, is_
                    f"got {_json_type(value)} ({shown})")
 
 
+@overload
+def text_field(obj: dict[str, Any], field: str, where: str, *, required: Literal[True] = True,
+               is_id: bool = False) -> str: ...
+
+
+@overload
+def text_field(obj: dict[str, Any], field: str, where: str, *, required: bool, is_id: bool = False) -> str | None: ...
+
+
 def text_field(obj: dict[str, Any], field: str, where: str, *, required: bool = True, is_id: bool = False) -> str | None:
     """obj[field] under `text_value`'s rule; `where` is "file:line" for the message."""
     return text_value(obj.get(field), field, where, required=required, is_id=is_id)
+
+
+@overload
+def present_field(obj: dict[str, Any], field: str, where: str, setting: str, *, is_id: bool = False,
+                  required: Literal[True] = True, otherwise: str = "", taken: Iterable[str] = ()) -> str: ...
+
+
+@overload
+def present_field(obj: dict[str, Any], field: str, where: str, setting: str, *, is_id: bool = False,
+                  required: bool, otherwise: str = "", taken: Iterable[str] = ()) -> str | None: ...
 
 
 def present_field(obj: dict[str, Any], field: str, where: str, setting: str, *, is_id: bool = False,

@@ -10,12 +10,12 @@ compare chunks with a ground-truth answer) are not computed for them; the label 
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rag.corpus.base import Corpus, as_path, file_fingerprint, jsonl_records, read_text, text_field
+from rag.schema import FilePath, checked
 from rag.types import Document, QAItem, RagError, Relevance
 
 
@@ -24,7 +24,8 @@ class BeirCorpus(Corpus):
     (BEIR's dense baselines encode title and text together too). Documents whose title and text
     are both empty are skipped and listed in `skipped`."""
 
-    def __init__(self, path: str | os.PathLike[str], source: str = "beir") -> None:
+    @checked("corpus")
+    def __init__(self, path: FilePath, source: str = "beir") -> None:
         super().__init__()
         self.path = as_path(path)
         self.source = str(source)
@@ -92,7 +93,8 @@ class BeirQuestions:
     positive judgement are left out, as BEIR's own evaluation does; judgements of grade 0 stay as
     labels (judged non-relevant, as in trec_eval)."""
 
-    def __init__(self, path: str | os.PathLike[str], split: str = "test", corpus: str = "beir") -> None:
+    @checked("qa")
+    def __init__(self, path: FilePath, split: str = "test", corpus: str = "beir") -> None:
         self.path = as_path(path)
         self.split = str(split)
         self.corpus = str(corpus)

@@ -16,8 +16,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from rag.artifacts import load_corpus
-from rag.cache import ArtifactCache, atomic_write_text
+from rag.atomic import atomic_write_text
+from rag.cache import ArtifactCache
+from rag.corpus.loading import load_corpus
 from rag.config import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
 from rag.settings import load
 from rag.types import RagError

@@ -7,11 +7,11 @@
 files written before it was called so give it as `source`, which is still read."""
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 from rag.corpus.base import Corpus, aliased_field, as_path, claim_id, file_fingerprint, iter_jsonl, present_field
+from rag.schema import FilePath, checked
 from rag.types import Document, RagError
 
 GROUP, OLD_GROUP = "group", "source"
@@ -24,9 +24,10 @@ class JsonlCorpus(Corpus):
 
     format_version = 2  # the group tag's field: `group`, `source` read as its old name
 
+    @checked("corpus")
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: FilePath,
         id_field: str = "id",
         text_field: str = "text",
         group_field: str = GROUP,

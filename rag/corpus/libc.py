@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.corpus.base import Corpus, as_path, check_documents, listing_fingerprint
+from rag.schema import Directory, PositiveInt, Text, checked
 from rag.types import Document, RagError
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def name_line(text: str) -> str | None:
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.strip() == "NAME":
-            body = []
+            body: list[str] = []
             for nxt in lines[i + 1 :]:
                 if not nxt.strip():
                     if body:
@@ -182,19 +183,20 @@ class LibcManCorpus(Corpus):
     spacing stays single, which is what tokenizers and BM25 want.
     """
 
+    @checked("corpus")
     def __init__(
         self,
-        man_dir: str | os.PathLike[str] = "/usr/share/man",
+        man_dir: Directory = "/usr/share/man",
         sections: list[str] | tuple[str, ...] = DEFAULT_SECTIONS,
-        width: int = 80,
-        workers: int = 4,
-        project: str | None = "Linux man-pages",
+        width: PositiveInt = 80,
+        workers: PositiveInt = 4,
+        project: Text | None = "Linux man-pages",  # null or "": every page, whatever its project
     ) -> None:
         super().__init__()
         self.man_dir = as_path(man_dir)
         self.sections = [str(s) for s in sections]
         self.width = int(width)
-        self.workers = max(1, int(workers))
+        self.workers = int(workers)
         self.project = project
         self.excluded: list[str] = []  # real pages of other projects, left out by `project`
         self.render_seconds: float | None = None
@@ -239,7 +241,7 @@ class LibcManCorpus(Corpus):
         self.render_seconds = time.perf_counter() - t0
         docs = []
         for r in results:
-            if r.status == "ok":
+            if r.status == "ok" and r.doc is not None:
                 docs.append(r.doc)
             elif r.status == "failed":
                 log.warning("skipping man page %s: %s", r.path, r.reason)

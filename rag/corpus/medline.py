@@ -15,10 +15,12 @@ import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from io import BufferedIOBase
+from typing import Annotated, Any
 
 from rag.corpus.base import Corpus, as_path, checked_documents, file_fingerprint, normalize_space, text_value
 from rag.corpus.pubmedqa import pmid_id
+from rag.schema import checked, file_list
 from rag.types import Document, RagError
 
 
@@ -47,7 +49,7 @@ def parse_article(elem: ET.Element) -> tuple[str, Document | None]:
     pmid = (citation.findtext("PMID") if citation is not None else None) or ""
     pmid = pmid.strip()
     article = citation.find("Article") if citation is not None else None
-    if not pmid or article is None:
+    if not pmid or citation is None or article is None:
         return pmid, None
     title = _text(article.find("ArticleTitle")) or _text(article.find("VernacularTitle"))
     sections = []
@@ -79,7 +81,8 @@ class MedlineCorpus(Corpus):
     """Documents `pmid:{PMID}` (source "pubmed") from one or more PubMed XML files, in file
     order. Articles without an abstract are left out and listed in `skipped` as "pmid:{PMID}"."""
 
-    def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> None:
+    @checked("corpus")
+    def __init__(self, paths: Annotated[str | os.PathLike[str] | Sequence[str | os.PathLike[str]], file_list]) -> None:
         super().__init__()
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -128,7 +131,7 @@ class MedlineCorpus(Corpus):
         if not origin:
             raise RagError(f"{', '.join(map(str, files))}: no articles with an abstract")
 
-    def _open(self, path) -> IO[bytes]:
+    def _open(self, path: Path) -> BufferedIOBase:
         file_fingerprint(path)  # a missing file gets the usual one-line error
         if os.path.getsize(path) == 0:
             raise RagError(f"{path}: file is empty")

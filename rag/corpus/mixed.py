@@ -30,8 +30,7 @@ def instantiate_parts(parts: Sequence[Any], owner: str) -> list[Any]:
 
 
 def part_fingerprint(part: Any) -> Any:
-    fp = getattr(part, "fingerprint", None)
-    return fp() if callable(fp) else {"class": type(part).__name__}
+    return part.fingerprint()
 
 
 class MixedCorpus(Corpus):
@@ -44,5 +43,5 @@ class MixedCorpus(Corpus):
 
     def load(self) -> list[Document]:
         docs = concatenate_parts(self.parts, "MixedCorpus", "document")
-        self.skipped = [s for part in self.parts for s in (getattr(part, "skipped", None) or [])]
+        self.skipped = [s for part in self.parts for s in part.skipped]
         return docs

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, load_json, text_field, text_value
+from rag.schema import FilePath, checked
 from rag.types import Document, RagError
 
 # Document ids: "pmid:{PMID}" (MEDLINE records use the same scheme, so the two corpora agree).
@@ -52,7 +53,8 @@ def document_text(rec: dict[str, Any]) -> tuple[str, tuple[int, int]]:
 
 
 class PubMedQACorpus(Corpus):
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    @checked("corpus")
+    def __init__(self, path: FilePath) -> None:
         super().__init__()
         self.path = as_path(path)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import os
 import re
 import warnings
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.corpus.base import Corpus, as_path, check_documents, decode_utf8, listing_fingerprint
+from rag.schema import MaybeDirectory, checked
 from rag.types import Document, RagError
 
 log = logging.getLogger(__name__)
@@ -209,10 +209,11 @@ class PyTorchCorpus(Corpus):
     whose attributes, inherited ones included, are documented as its members.
     """
 
+    @checked("corpus")
     def __init__(
         self,
         modules: list[str] | tuple[str, ...] = DEFAULT_MODULES,
-        docs_dir: str | os.PathLike[str] | None = None,
+        docs_dir: MaybeDirectory = None,
         include_docstrings: bool = True,
     ) -> None:
         super().__init__()

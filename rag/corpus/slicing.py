@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,7 @@ def check_unique_ids(ids: list[str], what: str) -> None:
         raise RagError(f"{what}: duplicate id(s) {dupes[:5]}{' ...' if len(dupes) > 5 else ''}")
 
 
-def content_fingerprint(docs: list[Document]) -> str:
+def content_fingerprint(docs: Iterable[Document]) -> str:
     """Hash of the documents' ids, sources and texts: the identity of a (sliced) corpus."""
     h = hashlib.sha256()
     for d in docs:

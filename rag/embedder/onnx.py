@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
@@ -37,7 +37,13 @@ SAME_VECTORS_COSINE = 1e-6
 # int8: dynamic quantization of the MatMul weights (signed, per output channel; activations
 # quantized on the fly) -- the recipe of optimum's avx512_vnni/arm64 configs. Per-tensor weights
 # lose too much (mean cosine to torch ~0.95 on MiniLM); embeddings (Gather) stay float.
-INT8_SETTINGS = {"weight_type": "QInt8", "per_channel": True, "op_types": ["MatMul"]}
+class Int8Settings(TypedDict):
+    weight_type: str  # a QuantType member name
+    per_channel: bool
+    op_types: list[str]
+
+
+INT8_SETTINGS: Int8Settings = {"weight_type": "QInt8", "per_channel": True, "op_types": ["MatMul"]}
 _CHECK_TEXTS = [
     "a",
     "A longer sentence, so that the batch is padded and the attention mask is traced as a tensor.",
@@ -105,7 +111,8 @@ def _export_float(path: str, tmp: Path) -> dict[str, Any]:
     st.eval()
     tokenizer = st.tokenizer
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in tokenizer.model_input_names]
-    max_len = int(st.max_seq_length)
+    # a sentence-transformers Transformer module always has a max_seq_length; only the base API says Optional
+    max_len = int(cast(int, st.max_seq_length))
     enc = tokenizer(_CHECK_TEXTS[:2], padding=True, truncation="longest_first", max_length=max_len, return_tensors="pt")
     export_module(st, enc, names, "sentence_embedding", tmp / ONNX_FILE, ONNX_OPSET)
     tokenizer.save_pretrained(str(tmp))
@@ -206,7 +213,7 @@ class OnnxSentenceEncoder:
         from tqdm.auto import tqdm
 
         single = isinstance(sentences, str)
-        texts = [sentences] if single else [str(t) for t in sentences]
+        texts = [sentences] if isinstance(sentences, str) else [str(t) for t in sentences]
         if self.do_lower_case:
             texts = [t.lower() for t in texts]
         out = np.empty((len(texts), self.dim), np.float32)

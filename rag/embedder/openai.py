@@ -1,9 +1,9 @@
 """Embeddings from any OpenAI-compatible `/embeddings` endpoint (vLLM, TEI, Ollama, llama.cpp's
 server, Infinity, OpenAI): `embedder=openai`.
 
-Texts go in batches of `batch_size`, `concurrency` requests at a time, over the shared transport
-(rag/endpoint.py: retries with backoff, Retry-After, timeouts, one-line errors, the key only from
-`api_key_env`). The vectors are cached like any embedder's (rag.artifacts, kind `vectors`) under
+Texts go in batches of `batch_size`, `endpoint.concurrency` requests at a time, over the shared
+transport (rag/endpoint.py: retries with backoff, Retry-After, timeouts, one-line errors, the key
+only from `api_key_env`). The vectors are cached like any embedder's (rag.artifacts, kind `vectors`) under
 `id`: the served model's name, `dimensions` and normalisation, never the URL or the key, so the
 same model moved to another host keeps its vectors. The first batch settles the dimension; every
 later batch, a query and the cached index must agree with it, and a batch that does not is an
@@ -25,53 +25,50 @@ from typing import Any
 
 import numpy as np
 
-from rag.endpoint import Endpoint, EndpointError, map_concurrent
+from rag.embedder.base import Embedder, RowSink
+from rag.concurrent import map_concurrent
+from rag.endpoint import Endpoint, EndpointError, EndpointSettings
 from rag.models import TokenCounter
 from rag.reply import BadReply, reported_tokens, shown
-from rag.types import RagError
+from rag.schema import PositiveInt, Text, checked
+
+# the endpoint settings an embeddings request uses (no extra_body), and their defaults here
+TAKES = ("concurrency", "timeout_s", "max_retries", "backoff_s", "max_backoff_s", "cache_namespace")
+DEFAULT_ENDPOINT = EndpointSettings(timeout_s=60.0)
 
 
-class OpenAIEmbedder:
+class OpenAIEmbedder(Embedder):
     """`encode(texts) -> float32 [n, dim]` through a served model; L2-normalized by default."""
 
+    @checked("embedder")
     def __init__(
         self,
         base_url: str,
         model: str,
-        api_key_env: str | None = None,
-        batch_size: int = 64,
-        concurrency: int = 4,
+        api_key_env: Text | None = None,  # "" as null: a server without keys
+        batch_size: PositiveInt = 64,
         normalize: bool = True,
-        dimensions: int | None = None,
-        query_prefix: str = "",
+        dimensions: PositiveInt | None = None,
+        query_prefix: Text = "",
         show_progress: bool = True,
-        timeout_s: float = 60.0,
-        max_retries: int = 4,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 30.0,
-        cache_namespace: str | None = None,
-        tokenizer: str | None = None,
+        endpoint: EndpointSettings | None = None,
+        tokenizer: Text | None = None,  # "" as null: the server counts the tokens
     ):
-        for name, value in (("batch_size", batch_size), ("concurrency", concurrency)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise RagError(f"embedder.{name} must be a positive integer, got {value!r}")
-        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions <= 0):
-            raise RagError(f"embedder.dimensions must be a positive integer or null, got {dimensions!r}")
-        self.endpoint = Endpoint(base_url, str(model), api_key_env, timeout_s, max_retries, backoff_s, max_backoff_s,
-                                 what="embedder", connections=concurrency)
+        settings = endpoint or DEFAULT_ENDPOINT
+        self.endpoint: Endpoint = settings.transport("embedder", base_url, str(model), api_key_env, takes=TAKES)
         self.model_name = str(model)
-        self.batch_size, self.concurrency = batch_size, concurrency
+        self.batch_size, self.concurrency = batch_size, settings.concurrency
         self.normalize = bool(normalize)
         self.dimensions = dimensions
         self.query_prefix = str(query_prefix)
         self.show_progress = bool(show_progress)
-        self.cache_namespace = cache_namespace
+        self.cache_namespace = settings.cache_namespace
         # count tokens here instead of taking the server's usage
         self.counter = TokenCounter(tokenizer, "embedder.tokenizer") if tokenizer else None
         self._dim: int | None = None
         self._checked = False
         self._lock = threading.Lock()
-        self.usage = {"requests": 0, "prompt_tokens": 0, "texts": 0, "seconds": 0.0, "tokens_reported": True,
+        self.usage: dict[str, Any] = {"requests": 0, "prompt_tokens": 0, "texts": 0, "seconds": 0.0, "tokens_reported": True,
                       "tokens_counted_by": "tokenizer" if tokenizer else "server"}
 
     def __repr__(self) -> str:
@@ -154,11 +151,9 @@ class OpenAIEmbedder:
             out[i] = vecs
         return np.concatenate(out)  # type: ignore[arg-type]
 
-    def encode_queries(self, queries: list[str]) -> np.ndarray:
-        return self.encode([self.query_prefix + q for q in queries], show_progress=False)
-
-    def encode_blocks(self, texts: list[str], block: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(rows, vectors) per batch as the batches come back (in any order)."""
+    def encode_blocks(self, texts: list[str], block: int,
+                      sink: RowSink | None = None) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """(rows, vectors) per batch as the batches come back (in any order); the sink is not used."""
         for i, vecs in self._run(list(texts), None):
             start = i * self.batch_size
             yield np.arange(start, start + len(vecs)), vecs

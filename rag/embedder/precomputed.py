@@ -26,27 +26,36 @@ from typing import Any
 
 import numpy as np
 
+from rag.cache import ArtifactCache
 from rag.corpus.base import file_fingerprint
+from rag.embedder.base import Embedder
 from rag.models import use_cache
+from rag.schema import FilePath, checked
 from rag.types import RagError
-from rag.vector_rows import read_rows, take_rows, write_rows
+from rag.index.vector_rows import read_rows, take_rows, write_rows
 
 BATCH = 65536  # vectors_for's batches: 96 MB of float32 at 384-d
 
 
-class PrecomputedEmbedder:
-    def __init__(self, path: str, queries: Any, normalize: bool = True, show_progress: bool = False):
+class PrecomputedEmbedder(Embedder):
+    vectors_by_id = True
+    batch_size = BATCH
+
+    @checked("embedder")
+    def __init__(self, path: FilePath, queries: Embedder, normalize: bool = True, show_progress: bool = False):
         # show_progress: the setting every embedder takes (debug=tiny turns it off); nothing is encoded here
-        if not hasattr(queries, "encode_queries"):
+        if not isinstance(queries, Embedder):
             raise RagError("embedder.queries must be an embedder config (e.g. the embedder/minilm node) that encodes questions")
         self.path, self.queries, self.normalize = Path(str(path)).expanduser(), queries, bool(normalize)
+        self.query_prefix = queries.query_prefix
+        self.model_name = f"precomputed:{self.path.name}"
         self._file: tuple[list[str], np.ndarray] | None = None
         self._rows_of: dict[str, int] | None = None
 
     def __repr__(self) -> str:
         return f"PrecomputedEmbedder({self.path})"
 
-    def use_cache(self, cache: Any) -> None:
+    def use_cache(self, cache: ArtifactCache) -> None:
         use_cache(self.queries, cache)
 
     def _files(self) -> list[Path]:
@@ -62,17 +71,9 @@ class PrecomputedEmbedder:
     @property
     def id(self) -> dict[str, Any]:
         return {"engine": "precomputed", "files": [file_fingerprint(f) for f in self._files()],
-                "normalize": self.normalize, "queries": getattr(self.queries, "id", repr(self.queries))}
+                "normalize": self.normalize, "queries": self.queries.id}
 
     reference_id = id  # vectors made elsewhere: no local computation is known to reproduce them
-
-    @property
-    def query_prefix(self) -> str:
-        return getattr(self.queries, "query_prefix", "")
-
-    @property
-    def model_name(self) -> str:
-        return f"precomputed:{self.path.name}"
 
     def warm_up(self) -> None:
         self.encode_queries(["warm-up"])
@@ -161,7 +162,8 @@ class PrecomputedEmbedder:
                            f"{query_dim}-d query vectors: the chunk vectors must come from the query model")
         if out.ndim != 2 or out.shape[1] != dim:
             raise RagError(f"embedder.path {self.path}: {dim}-d vectors cannot fill an array of shape {out.shape}")
-        start, in_order, missing, examples = 0, True, 0, []
+        start, in_order, missing = 0, True, 0
+        examples: list[str] = []
         for batch in id_batches:
             batch = batch if isinstance(batch, list) else list(batch)
             stop = start + len(batch)

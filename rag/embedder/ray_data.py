@@ -7,7 +7,7 @@ the texts, each with its row number, become a dataset; `map_batches` hands batch
 `ray_batch_size` texts to a pool of `num_workers` actors, each holding one copy of the model.
 
 The actors write their vectors themselves into the rows of the .npy that the stage fills
-(`rag.artifacts.encode_to_npy` offers it as a `RowSink`: the unique-vectors file in the artifact
+(`rag.embedder.npy_writer.encode_to_npy` offers it as a `RowSink`: the unique-vectors file in the artifact
 cache, in the `.partial-<key>` directory that a killed build resumes from), and only the row
 numbers and a few statistics come back to the driver (`iter_batches`), which records the finished
 blocks as before. The vectors never pass through the driver: 10M chunks of MiniLM are 15 GB that
@@ -56,7 +56,8 @@ from typing import Any
 import numpy as np
 
 from rag.cache import ArtifactCache
-from rag.embedder.sentence_transformer import RowSink, SentenceTransformerEmbedder
+from rag.embedder.sentence_transformer import Engine, RowSink, SentenceTransformerEmbedder
+from rag.schema import NonNegativeInt, Positive, PositiveInt, Text, checked
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -83,16 +84,6 @@ def _import_ray() -> Any:
     except ImportError as e:
         raise RagError(f"embedder engine ray needs ray[data] ({e}): {INSTALL_HINT}") from e
     return ray
-
-
-def _positive(name: str, value: Any, integer: bool = True) -> Any:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    if integer:
-        ok = ok and float(value).is_integer()
-    if not ok:
-        kind = "a positive integer" if integer else "a positive number"
-        raise RagError(f"embedder.engine.{name} must be {kind}, got {value!r}")
-    return int(value) if integer else float(value)
 
 
 class _EncodeActor:
@@ -148,6 +139,7 @@ class _EncodeActor:
     def _write(self, rows: np.ndarray, vecs: np.ndarray) -> None:
         """Each vector into its row of the sink's file; on disk, and the file closed, on return."""
         sink = self.sink
+        assert sink is not None, "vectors go back to the driver when the actor has no sink"
         path, row_bytes = sink["path"], sink["dim"] * 4
         node = self.worker.split(":")[0]
         try:
@@ -172,7 +164,7 @@ class _EncodeActor:
             os.close(fd)
 
 
-class RayEngine:
+class RayEngine(Engine):
     """Runs an embedder's bulk encoding (`encode_blocks`) on Ray actors.
 
     The engine is not part of the embedder's `id` (the cache key of the vectors: model,
@@ -189,27 +181,25 @@ class RayEngine:
 
     writes_rows = True  # encode_blocks takes a sink (RowSink): the actors write the vectors into its file
 
+    @checked("embedder.engine")
     def __init__(
         self,
-        address: str | None = None,
-        num_workers: int = 2,
-        ray_batch_size: int = 256,
-        num_cpus_per_worker: float = 1,
-        object_store_memory: int | None = None,
-        min_texts: int = 256,
+        address: Text | None = None,  # checked below, naming the forms it takes
+        num_workers: PositiveInt = 2,
+        ray_batch_size: PositiveInt = 256,
+        num_cpus_per_worker: Positive = 1,
+        object_store_memory: PositiveInt | None = None,
+        min_texts: NonNegativeInt = 256,
     ):
         require_ray()
-        if address is not None and (not isinstance(address, str) or not address.strip()):
+        if address is not None and not address.strip():
             raise RagError("embedder.engine.address must be null, 'auto', 'host:port' or 'ray://host:port', "
                            f"got {address!r}")
         self.address = address.strip() if address is not None else None
-        self.num_workers = _positive("num_workers", num_workers)
-        self.ray_batch_size = _positive("ray_batch_size", ray_batch_size)
-        self.num_cpus_per_worker = _positive("num_cpus_per_worker", num_cpus_per_worker, integer=False)
-        self.object_store_memory = (None if object_store_memory is None
-                                    else _positive("object_store_memory", object_store_memory))
-        if isinstance(min_texts, bool) or not isinstance(min_texts, int) or min_texts < 0:
-            raise RagError(f"embedder.engine.min_texts must be an integer >= 0, got {min_texts!r}")
+        self.num_workers = num_workers
+        self.ray_batch_size = ray_batch_size
+        self.num_cpus_per_worker = float(num_cpus_per_worker)
+        self.object_store_memory = object_store_memory
         self.min_texts = min_texts
         self.last_run: dict[str, Any] = {}  # what the last encode_blocks did (engine, workers, timings)
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from rag.embedder.base import Embedder, RowSink
 from rag.embedder.onnx import SAME_VECTORS_COSINE, embedding_dim, export_onnx_model, load_onnx_encoder
 from rag.models import UsesCache, resolve_model
+from rag.schema import Device, PositiveInt, Text, checked
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -70,37 +71,37 @@ def load_sentence_transformer(path: str, device: str) -> Any:
         raise RagError(f"embedder model {path!r} could not be loaded: {str(e).splitlines()[0]}") from e
 
 
-@dataclass(frozen=True)
-class RowSink:
-    """The .npy that `encode_blocks` fills, offered to an engine whose workers write their vectors
-    into it themselves (`writes_rows`): float32 rows of `dim` values from byte `offset` (the header's
-    length) on; text i of encode_blocks goes to row `rows[i]`. The file exists at its full size
-    (rag.artifacts.encode_to_npy creates it before the stage)."""
+class Engine:
+    """Where a sentence embedder's bulk stage (`encode_blocks`) runs instead of this process (its
+    `engine`): rag.embedder.ray_data.RayEngine on a Ray cluster."""
 
-    path: str
-    offset: int
-    dim: int
-    rows: np.ndarray
+    writes_rows = False  # encode_blocks takes a RowSink: the engine's workers write into its file
+    last_run: dict[str, Any]  # what the last encode_blocks did (engine, workers, timings); set by each engine
+
+    def encode_blocks(self, embedder: SentenceTransformerEmbedder, texts: list[str], block: int,
+                      sink: RowSink | None = None) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        raise NotImplementedError
 
 
-class SentenceTransformerEmbedder(UsesCache):
+class SentenceTransformerEmbedder(UsesCache, Embedder):
     """`encode(texts) -> float32 [n, dim]`, batched, L2-normalized by default.
 
     `use_cache(cache)` (rag.models.UsesCache) gives the artifact cache that `backend: onnx`
     exports the model into; without it, $RAGRIG_CACHE or outputs/cache."""
 
+    @checked("embedder")
     def __init__(
         self,
         model: str,
-        batch_size: int = 64,
+        batch_size: PositiveInt = 64,
         normalize: bool = True,
-        device: str = "cpu",
-        max_seq_length: int | None = None,
-        query_prefix: str = "",
+        device: Device = "cpu",
+        max_seq_length: PositiveInt | None = None,
+        query_prefix: Text = "",
         show_progress: bool = True,
         backend: str = "torch",
         quantize: str | None = None,
-        engine: Any = None,
+        engine: Engine | None = None,
     ):
         self.model_name = model
         self.batch_size = int(batch_size)
@@ -113,8 +114,6 @@ class SentenceTransformerEmbedder(UsesCache):
         self.backend = backend
         self.quantize = quantize
         self.engine = engine  # where encode_blocks runs: None (here) or e.g. rag.embedder.ray_data.RayEngine
-        if self.batch_size <= 0:
-            raise RagError(f"embedder.batch_size must be positive, got {batch_size}")
         if backend not in BACKENDS:
             raise RagError(f"embedder.backend must be one of {BACKENDS}, got {backend!r}")
         if quantize not in QUANTIZATIONS:
@@ -132,7 +131,7 @@ class SentenceTransformerEmbedder(UsesCache):
     @property
     def last_run(self) -> dict[str, Any]:
         """What the engine's last encode_blocks did (engine, workers, timings); {} without an engine."""
-        return getattr(self.engine, "last_run", {})
+        return self.engine.last_run if self.engine is not None else {}
 
     @property
     def id(self) -> dict[str, Any]:
@@ -157,7 +156,7 @@ class SentenceTransformerEmbedder(UsesCache):
         base = {"model": self.model_name, "normalize": self.normalize, "max_seq_length": self.max_seq_length}
         if self.backend == "torch":
             return base
-        if self.quantize is None and getattr(self.model, "check_min_cosine", 0.0) >= 1.0 - SAME_VECTORS_COSINE:
+        if self.quantize is None and self.model.check_min_cosine >= 1.0 - SAME_VECTORS_COSINE:
             return base
         return self.id
 
@@ -176,6 +175,9 @@ class SentenceTransformerEmbedder(UsesCache):
     @property
     def dim(self) -> int:
         return embedding_dim(self.model)
+
+    def warm_up(self) -> None:
+        self.model  # noqa: B018 (loaded lazily: here, outside the timed stages)
 
     @property
     def tokenizer(self) -> Any:
@@ -205,14 +207,11 @@ class SentenceTransformerEmbedder(UsesCache):
                 log.warning("embedder: out of memory; retrying with batch size %d", batch_size)
                 _free_accelerator_memory()
 
-    def encode_queries(self, queries: list[str]) -> np.ndarray:
-        return self.encode([self.query_prefix + q for q in queries], show_progress=False)
-
     @property
     def writes_rows(self) -> bool:
         """Whether `encode_blocks` takes a `sink`: the engine's workers then write vectors into
         the file themselves (rag.embedder.ray_data.RayEngine)."""
-        return bool(getattr(self.engine, "writes_rows", False))
+        return self.engine is not None and self.engine.writes_rows
 
     def encode_blocks(self, texts: list[str], block: int,
                       sink: RowSink | None = None) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:

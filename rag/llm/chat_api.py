@@ -9,7 +9,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from rag.endpoint import Cancelled, Endpoint, EndpointError, map_concurrent
+from rag.concurrent import Cancelled, map_concurrent
+from rag.endpoint import Endpoint, EndpointError
 from rag.reply import BadReply, reported_tokens, shown
 
 __all__ = ["Cancelled", "ChatEndpoint", "Completion", "EndpointError", "map_concurrent"]
@@ -31,6 +32,9 @@ class Completion:
 
 class ChatEndpoint(Endpoint):
     """One chat endpoint and model. `what` names the config node in messages (`llm`, `eval.judge`)."""
+
+    # what `chat` sends or reads itself: `extra_body` must not set them (a streamed reply is unreadable)
+    own_fields = ("model", "messages", "stream")
 
     def chat(self, messages: list[dict[str, str]], params: dict[str, Any],
              stop: threading.Event | None = None) -> Completion:

@@ -6,19 +6,22 @@ cannot hallucinate, so it is the floor an LLM generator has to beat on answer me
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from rag.cache import ArtifactCache
 from rag.chunker import sentence_spans
+from rag.embedder.base import Embedder
 from rag.llm.base import Generator
 from rag.llm.prompt import NO_ANSWER, as_context
 from rag.models import use_cache
-from rag.types import Context, RagError
+from rag.schema import PositiveInt, Similarity, checked
+from rag.types import Context
 
 
-def context_sentences(contexts: list[Context | str]) -> list[str]:
+def context_sentences(contexts: Sequence[Context | str]) -> list[str]:
     """Sentences of all contexts in reading order. Overlapping chunks repeat sentences; a repeat
     is kept once (at its first position) so that it cannot fill the answer twice."""
     seen: set[str] = set()
@@ -33,9 +36,9 @@ def context_sentences(contexts: list[Context | str]) -> list[str]:
 
 
 class ExtractiveGenerator(Generator):
-    def __init__(self, embedder: Any, max_sentences: int = 2, min_similarity: float = 0.0, no_answer: str = NO_ANSWER):
-        if int(max_sentences) <= 0:
-            raise RagError(f"llm.max_sentences must be positive, got {max_sentences}")
+    @checked("llm")
+    def __init__(self, embedder: Embedder, max_sentences: PositiveInt = 2, min_similarity: Similarity = 0.0,
+                 no_answer: str = NO_ANSWER):
         self.embedder = embedder
         self.max_sentences = int(max_sentences)
         self.min_similarity = float(min_similarity)
@@ -48,20 +51,18 @@ class ExtractiveGenerator(Generator):
     def id(self) -> dict[str, Any]:
         return {
             "class": type(self).__name__,
-            "embedder": getattr(self.embedder, "id", repr(self.embedder)),
+            "embedder": self.embedder.id,
             "max_sentences": self.max_sentences,
             "min_similarity": self.min_similarity,
             "no_answer": self.no_answer,
         }
 
     def warm_up(self) -> None:
-        _ = getattr(self.embedder, "model", None)  # the embedder loads its model lazily
+        self.embedder.warm_up()
 
     def _encode_questions(self, questions: list[str]) -> np.ndarray:
         # encode_queries adds the embedder's query prefix (bge); sentences are passages
-        if hasattr(self.embedder, "encode_queries"):
-            return self.embedder.encode_queries(questions)
-        return self.embedder.encode(questions, show_progress=False)
+        return self.embedder.encode_queries(questions)
 
     def generate(self, questions: list[str], contexts: list[list[Context]]) -> list[str]:
         if len(questions) != len(contexts):
@@ -76,7 +77,7 @@ class ExtractiveGenerator(Generator):
         answers: list[str] = []
         offset = 0
         for q, sents in enumerate(per_question):
-            if not sents:
+            if not sents or sent_vecs is None:  # sent_vecs is None only when no question has sentences
                 answers.append(self.no_answer)
                 continue
             sims = sent_vecs[offset : offset + len(sents)] @ q_vecs[q]

@@ -20,6 +20,7 @@ from rag.llm.base import Generator
 from rag.llm.decoding import DecodingRules, finish_text, greedy_batch, rules_cut
 from rag.llm.loading import CausalLM, probe_threads  # noqa: F401  (probe_threads: its old home)
 from rag.llm.prompt import PromptBuilder
+from rag.schema import Device, NonNegative, PositiveInt, Text, Threads, checked
 from rag.types import Context, RagError
 
 log = logging.getLogger(__name__)
@@ -53,17 +54,18 @@ class HFGenerator(CausalLM, Generator):
     """Answers from a chat LLM loaded with transformers (the load settings and the model: CausalLM;
     `use_cache` gives the artifact cache of a GGUF model's conversion)."""
 
+    @checked("llm")
     def __init__(
         self,
         model: str,
-        gguf_file: str | None = None,
+        gguf_file: Text | None = None,  # "" as null: the model's plain weights
         dtype: str = "float32",
-        device: str = "cpu",
+        device: Device = "cpu",
         quantization: str | None = None,
-        max_new_tokens: int = 64,
-        temperature: float = 0.0,
-        batch_size: int = 16,
-        num_threads: int | None = None,
+        max_new_tokens: PositiveInt = 64,
+        temperature: NonNegative = 0.0,
+        batch_size: PositiveInt = 16,
+        num_threads: Threads = None,
         prompt: dict[str, Any] | None = None,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         seed: int = 0,
@@ -81,15 +83,11 @@ class HFGenerator(CausalLM, Generator):
         self.prompt = PromptBuilder(**dict(prompt or {}))
         self.system_prompt = system_prompt or None
         self.seed = int(seed)
-        if self.batch_size <= 0:
-            raise RagError(f"llm.batch_size must be positive, got {batch_size}")
-        if self.temperature < 0:
-            raise RagError(f"llm.temperature must be >= 0, got {temperature}")
         if runtime not in RUNTIMES:
             raise RagError(f"llm.runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
         if runtime == "generate" and self.rules.no_repeat_ngram_size:
             raise RagError("llm.no_repeat_ngram_size needs llm.runtime=loop (it changes decisions while decoding)")
-        CausalLM.__init__(self, model, gguf_file, dtype, device, quantization, num_threads, role="llm")
+        CausalLM.__init__(self, model, gguf_file, dtype, device, quantization, num_threads)
         # of the last generate(): new_tokens, seconds, tokens_per_s, prefill/decode work
         self.stats: dict[str, float] = {}
         self.last_latencies_ms: list[float] | None = None  # each question's share of its batch
@@ -126,7 +124,7 @@ class HFGenerator(CausalLM, Generator):
     def prompts(self, questions: list[str], contexts: list[list[Context]]) -> list[str]:
         """The full prompt texts (chat template applied), e.g. for inspecting what the model saw."""
         self.warm_up()
-        tok = self._lm[0]
+        tok = self.load()[0]
         return [render_chat(tok, self.system_prompt, self.prompt.build(q, c)) for q, c in zip(questions, contexts)]
 
     def generate(self, questions: list[str], contexts: list[list[Context]]) -> list[str]:
@@ -146,7 +144,7 @@ class HFGenerator(CausalLM, Generator):
         if not questions:
             return []
         texts = self.prompts(questions, contexts)
-        tok, lm = self._lm
+        tok, lm = self.load()
         encoded = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
         limit = getattr(lm.config, "max_position_embeddings", None)
         if limit and max(map(len, encoded)) + self.max_new_tokens > limit:

@@ -193,13 +193,19 @@ def _load_pretrained(model: str, load_from: str, gguf_file: str | None, dtype: s
     except OSError as e:  # transformers reports "not found / offline" as OSError
         raise _hub_error(model, e) from e
     if quantization != "4bit":  # a quantized model is placed by device_map and cannot be moved
-        lm = lm.to(device)
+        lm = lm.to(device)  # type: ignore[arg-type]  # transformers' stubs bind `to` as an unbound wrapper
     lm.eval()
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     log.info("llm: loaded %s%s in %.1f s", model, f" ({gguf_file})" if gguf_file else "", time.perf_counter() - t0)
     return tok, lm
+
+
+def clear_loaded() -> None:
+    """Forgets the models load_causal_lm has loaded, so that its next call loads afresh (a
+    benchmark that times loads, a test that changes the files)."""
+    _load_pretrained.cache_clear()
 
 
 load_causal_lm.cache_clear = _load_pretrained.cache_clear  # type: ignore[attr-defined]
@@ -239,18 +245,17 @@ def probe_threads(cores: int | None = None, gain: float = 1.3) -> int:
 class CausalLM(UsesCache):
     """A causal LM's load settings and the loaded (tokenizer, model), shared by the generator
     (rag.llm.hf.HFGenerator) and the LLM reranker (rag.reranker.llm.LLMReranker). The GGUF
-    conversion goes to the artifact cache given by `use_cache` (rag.models.UsesCache)."""
+    conversion goes to the artifact cache given by `use_cache` (rag.models.UsesCache). The settings
+    are checked by the annotations of the subclass's constructor (rag.schema.checked)."""
 
     def __init__(self, model: str, gguf_file: str | None = None, dtype: str = "float32", device: str = "cpu",
-                 quantization: str | None = None, num_threads: int | str | None = None, role: str = "llm"):
+                 quantization: str | None = None, num_threads: int | str | None = None):
         self.model_name = model
         self.gguf_file = gguf_file
         self.dtype = dtype
         self.device = device
         self.quantization = None if quantization in (None, "none") else quantization
         check_device(self.device, self.quantization)  # a 4-bit config on a CPU machine fails here, at start-up
-        if num_threads not in (None, "auto") and (not str(num_threads).isdigit() or int(num_threads) <= 0):
-            raise RagError(f"{role}.num_threads must be a positive number, auto or null, got {num_threads!r}")
         self.num_threads = num_threads
         self._auto_threads: int | None = None
         self._lm: tuple[Any, Any] | None = None

@@ -10,7 +10,9 @@ Requests are independent, so the pipeline caches every answer as it arrives
 (`rag.llm.answer_cache`): a run stopped by a dead server resumes with the missing answers
 only. The cache key is the endpoint's model id, the request parameters and the exact prompt, not
 the URL: the same model moved to another host or port keeps its answers. Two endpoints that serve
-different weights under one model id (e.g. two quantizations) need `cache_namespace` set apart.
+different weights under one model id (e.g. two quantizations) need `llm.endpoint.cache_namespace`
+set apart. Requests, retries and the timeout are the `endpoint` node's
+(rag.endpoint.EndpointSettings).
 """
 from __future__ import annotations
 
@@ -23,65 +25,60 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from rag.llm.base import Generator
+from rag.endpoint import EndpointSettings
 from rag.llm.chat_api import ChatEndpoint, Completion, map_concurrent
 from rag.llm.hf import DEFAULT_SYSTEM_PROMPT
 from rag.llm.prompt import PromptBuilder, chat_messages
-from rag.types import Context, RagError
+from rag.schema import NonNegative, PositiveInt, Text, checked
+from rag.types import Context
 
 log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4.0  # the usual estimate for English text when no tokenizer is at hand
 
 
+def stop_list(stop: list[str] | str | None) -> list[str] | None:
+    """llm.stop as the request's list: one string is a list of one; an empty list is no stop."""
+    if isinstance(stop, str):
+        return [stop]
+    return list(stop) if stop else None
+
+
 class OpenAIGenerator(Generator):
     resumable = True  # answers are independent of each other: the pipeline may cache them one by one
 
+    @checked("llm")
     def __init__(
         self,
         base_url: str,
         model: str,
-        api_key_env: str | None = None,
-        temperature: float = 0.0,
-        max_tokens: int = 96,
+        api_key_env: Text | None = None,  # "" as null: a server without keys
+        temperature: NonNegative = 0.0,
+        max_tokens: PositiveInt = 96,
         stop: list[str] | str | None = None,
         seed: int | None = 0,
         top_p: float | None = None,
-        concurrency: int = 4,
-        timeout_s: float = 120.0,
-        max_retries: int = 4,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 30.0,
-        extra_body: dict[str, Any] | None = None,
-        cache_namespace: str | None = None,
+        endpoint: EndpointSettings | None = None,
         dry_run: bool = False,
-        tokenizer: str | None = None,
+        tokenizer: Text | None = None,  # "" as null: no tokenizer
         prompt: dict[str, Any] | None = None,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
     ):
-        self.endpoint = ChatEndpoint(base_url, str(model), api_key_env, timeout_s, max_retries, backoff_s,
-                                     max_backoff_s, what="llm", connections=concurrency if isinstance(concurrency, int) else 1)
+        settings = endpoint or EndpointSettings()
+        self.endpoint: ChatEndpoint = settings.transport("llm", base_url, str(model), api_key_env, kind=ChatEndpoint)
         self.temperature = float(temperature)
         self.max_tokens = int(max_tokens)
-        self.stop = [stop] if isinstance(stop, str) else (list(stop) if stop else None)
+        self.stop = stop_list(stop)
         self.seed = None if seed is None else int(seed)
         self.top_p = None if top_p is None else float(top_p)
-        self.concurrency = int(concurrency)
-        self.extra_body = dict(extra_body or {})
-        self.cache_namespace = cache_namespace
+        self.concurrency = settings.concurrency
+        self.extra_body = dict(settings.extra_body)
+        self.cache_namespace = settings.cache_namespace
         self.dry_run = bool(dry_run)
         self.tokenizer = tokenizer
         self._loaded_tokenizer: tuple[Any, str | None] | None = None  # (tokenizer or None, its path), once
         self.prompt = PromptBuilder(**dict(prompt or {}))
         self.system_prompt = system_prompt or None
-        if self.max_tokens <= 0:
-            raise RagError(f"llm.max_tokens must be positive, got {max_tokens}")
-        if self.temperature < 0:
-            raise RagError(f"llm.temperature must be >= 0, got {temperature}")
-        if not 1 <= self.concurrency <= 256:
-            raise RagError(f"llm.concurrency must be between 1 and 256, got {concurrency}")
-        clash = {"model", "messages", "stream"} & set(self.extra_body)
-        if clash:
-            raise RagError(f"llm.extra_body must not set {sorted(clash)}: they are the generator's own")
         self._checked = False
         self._lock = threading.Lock()
         self.last_latencies_ms: list[float] | None = None

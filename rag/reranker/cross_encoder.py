@@ -17,13 +17,14 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from rag.models import model_fingerprint, resolve_model
 from rag.reranker.logits import predict_logits
 from rag.reranker.pointwise import PointwiseReranker
+from rag.schema import Device, PositiveInt, checked, string
 from rag.types import QAItem, RagError
 
 log = logging.getLogger(__name__)
@@ -44,29 +45,23 @@ def load_cross_encoder(path: str, max_length: int, device: str) -> Any:
 
 
 class CrossEncoderReranker(PointwiseReranker):
+    @checked("reranker")
     def __init__(
         self,
         model: str,
-        top_n: int = 20,
-        batch_size: int = 32,
-        max_length: int = 256,
-        device: str = "cpu",
+        top_n: PositiveInt = 20,
+        batch_size: PositiveInt = 32,
+        max_length: PositiveInt = 256,
+        device: Device = "cpu",
         train: dict[str, Any] | None = None,
         fuse: dict[str, Any] | None = None,
         label_passages: bool | None = None,
         precision: str = "fp32",
-        backend: str = "torch",
+        backend: Annotated[str, string(choices=BACKENDS)] = "torch",
     ):
-        if not isinstance(model, str) or not model.strip():
-            raise RagError(f"reranker.model must be a model id, path, package:<module> or {TRAINED!r}, got {model!r}")
-        for name, value in (("top_n", top_n), ("batch_size", batch_size), ("max_length", max_length)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise RagError(f"reranker.{name} must be a positive integer, got {value!r}")
         self.set_fuse(fuse)
         if precision not in ("fp32", "bf16"):
             raise RagError(f"reranker.precision must be fp32 or bf16, got {precision!r}")
-        if backend not in BACKENDS:
-            raise RagError(f"reranker.backend must be one of {list(BACKENDS)}, got {backend!r}")
         if backend == "onnx" and precision != "fp32":
             raise RagError("reranker.backend=onnx runs in fp32: set reranker.precision=fp32 (or backend=torch for bf16)")
         self.backend = backend

@@ -2,17 +2,19 @@
 best of each, and so on, so that k contexts cover as many documents as the candidates allow."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rag.reranker.base import Reranker
-from rag.types import Chunk, Hits, RagError
+from rag.schema import PositiveInt, checked
+from rag.types import Chunk, Hits
 
 
 class DiversityReranker(Reranker):
-    def __init__(self, top_n: int = 20):
-        if int(top_n) <= 0:
-            raise RagError(f"reranker.top_n must be positive, got {top_n}")
+    @checked("reranker")
+    def __init__(self, top_n: PositiveInt = 20):
         self.top_n = int(top_n)
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
+    def rerank(self, queries: list[str], hits: Hits, chunks: Sequence[Chunk], k: int, reuse: bool = True) -> Hits:
         rows = []
         for q in range(hits.n_queries):
             per_doc: dict[str, list[int]] = {}

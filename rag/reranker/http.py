@@ -16,51 +16,50 @@ from typing import Any
 
 import numpy as np
 
-from rag.endpoint import Endpoint
+from rag.endpoint import Endpoint, EndpointSettings
 from rag.models import TokenCounter
 from rag.reply import BadReply, reported_tokens, shown
 from rag.reranker.pointwise import PointwiseReranker
+from rag.schema import PositiveInt, Text, checked
 from rag.types import RagError
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # scores are kept as float32: a larger one would become inf
+# the endpoint settings a /rerank request uses (one request at a time, no extra_body), and their defaults here
+TAKES = ("timeout_s", "max_retries", "backoff_s", "max_backoff_s", "cache_namespace")
+DEFAULT_ENDPOINT = EndpointSettings(timeout_s=60.0)
 
 
 class HTTPReranker(PointwiseReranker):
+    @checked("reranker")
     def __init__(
         self,
         base_url: str,
         model: str,
-        api_key_env: str | None = None,
-        top_n: int = 20,
+        api_key_env: Text | None = None,  # "" as null: a server without keys
+        top_n: PositiveInt = 20,
         fuse: dict[str, Any] | None = None,
         documents_field: str = "documents",
-        timeout_s: float = 60.0,
-        max_retries: int = 4,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 30.0,
-        cache_namespace: str | None = None,
+        endpoint: EndpointSettings | None = None,
         label_passages: bool = False,
-        tokenizer: str | None = None,
+        tokenizer: Text | None = None,  # "" as null: the server counts the tokens
     ):
-        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n <= 0:
-            raise RagError(f"reranker.top_n must be a positive integer, got {top_n!r}")
         if documents_field not in ("documents", "texts"):
             raise RagError(f"reranker.documents_field must be documents (Cohere, Jina, vLLM, Infinity) or texts (TEI), "
                            f"got {documents_field!r}")
-        self.endpoint = Endpoint(base_url, str(model), api_key_env, timeout_s, max_retries, backoff_s, max_backoff_s,
-                                 what="reranker", connections=1)
+        settings = endpoint or DEFAULT_ENDPOINT
+        self.endpoint: Endpoint = settings.transport("reranker", base_url, str(model), api_key_env, takes=TAKES)
         self.model_name = str(model)
         self.top_n = top_n
         self.documents_field = documents_field
         self.set_fuse(fuse)
         self.label_passages = bool(label_passages)
         self._identity = {"engine": "http", "model": self.model_name}
-        if cache_namespace:
-            self._identity["namespace"] = str(cache_namespace)
+        if settings.cache_namespace:
+            self._identity["namespace"] = str(settings.cache_namespace)
         # count tokens here instead of taking the server's usage
         self.counter = TokenCounter(tokenizer, "reranker.tokenizer") if tokenizer else None
         self._lock = threading.Lock()
-        self.usage = {"requests": 0, "documents": 0, "tokens": 0, "seconds": 0.0, "tokens_reported": True,
+        self.usage: dict[str, Any] = {"requests": 0, "documents": 0, "tokens": 0, "seconds": 0.0, "tokens_reported": True,
                       "tokens_counted_by": "tokenizer" if tokenizer else "server"}
 
     def __repr__(self) -> str:

@@ -16,11 +16,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any
 
-from rag.cache import make_key
+from rag.cache import ArtifactCache, make_key
 from rag.models import UsesCache, use_cache
+from rag.llm.base import Generator
 from rag.reranker.base import Reranker
+from rag.schema import PositiveInt, checked
 from rag.types import Chunk, Context, Hits, RagError
 
 log = logging.getLogger(__name__)
@@ -44,20 +47,20 @@ def read_order(answer: str, n: int) -> tuple[list[int], str]:
 
 
 class ListwiseReranker(UsesCache, Reranker):
-    def __init__(self, llm: Any, top_n: int = 20, window: int = 10, step: int = 5, passage_chars: int = 600):
-        for name, value in (("top_n", top_n), ("window", window), ("step", step), ("passage_chars", passage_chars)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise RagError(f"reranker.{name} must be a positive integer, got {value!r}")
+    @checked("reranker")
+    def __init__(self, llm: Generator, top_n: PositiveInt = 20, window: PositiveInt = 10, step: PositiveInt = 5,
+                 passage_chars: PositiveInt = 600):
         if step > window:
             raise RagError(f"reranker.step ({step}) must not exceed reranker.window ({window}): passages would be skipped")
-        if not hasattr(llm, "generate") or not hasattr(llm, "id"):
+        if not isinstance(llm, Generator):
             raise RagError("reranker.llm must be a generator config (an llm/ option, e.g. smollm2 or openai)")
         self.llm = llm
+        self.endpoint = llm.endpoint  # served through its generator
         self.top_n, self.window, self.step, self.passage_chars = top_n, window, step, passage_chars
         self.usage: dict[str, Any] = {"requests": 0, "windows_from_cache": 0, "questions": 0, "unparsed_questions": 0,
                                       "partial_questions": 0, "prompt_tokens": 0, "completion_tokens": 0}
 
-    def use_cache(self, cache: Any) -> None:
+    def use_cache(self, cache: ArtifactCache) -> None:
         super().use_cache(cache)
         use_cache(self.llm, cache)  # the generator's own model artifacts (the GGUF conversion)
 
@@ -109,19 +112,19 @@ class ListwiseReranker(UsesCache, Reranker):
         return read_order(answer, len(passages))
 
     def _count_tokens(self) -> None:
-        details = getattr(self.llm, "last_details", None)  # llm=openai: the server's usage per request
+        details = self.llm.last_details  # llm=openai: the server's usage per request
         if details:
             for d in details:
                 u = (d or {}).get("usage") or {}
                 self.usage["prompt_tokens"] += int(u.get("prompt_tokens") or 0)
                 self.usage["completion_tokens"] += int(u.get("completion_tokens") or 0)
             return
-        stats = getattr(self.llm, "stats", None)  # the in-process generator's counts
-        if isinstance(stats, dict):
+        stats = self.llm.stats  # the in-process generator's counts
+        if stats is not None:
             self.usage["prompt_tokens"] += int(stats.get("prefill_tokens", 0))
             self.usage["completion_tokens"] += int(stats.get("new_tokens", 0))
 
-    def order(self, query: str, candidates: list[int], chunks: list[Chunk], reuse: bool) -> tuple[list[int], str]:
+    def order(self, query: str, candidates: list[int], chunks: Sequence[Chunk], reuse: bool) -> tuple[list[int], str]:
         """The candidates (chunk rows, first-stage order) reordered by sliding windows, bottom to
         top; the first-stage order with the status of the first window that failed to parse."""
         ranked = list(candidates)
@@ -133,7 +136,7 @@ class ListwiseReranker(UsesCache, Reranker):
             ranked[start:end] = [rows[i] for i in got]
         return ranked, "ok"
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
+    def rerank(self, queries: list[str], hits: Hits, chunks: Sequence[Chunk], k: int, reuse: bool = True) -> Hits:
         if len(queries) != hits.n_queries:
             raise RagError(f"reranker: {len(queries)} queries but {hits.n_queries} rows of candidates")
         rows: list[list[tuple[int, float]]] = []

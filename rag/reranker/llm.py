@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from tqdm.auto import tqdm
 from rag.llm.hf import length_batches, render_chat
 from rag.llm.loading import CausalLM
 from rag.reranker.base import Reranker
+from rag.schema import Device, PositiveInt, Text, checked
 from rag.types import Chunk, Hits, RagError
 
 log = logging.getLogger(__name__)
@@ -38,23 +40,24 @@ def first_token_id(tokenizer: Any, word: str) -> int:
 
 
 class LLMReranker(CausalLM, Reranker):
-    """`lm`: the model's load settings, as the generator's (rag.llm.loading.CausalLM: gguf_file,
-    dtype, device, quantization, num_threads); `use_cache` gives the artifact cache of a GGUF
-    model's conversion."""
+    """The model's load settings (gguf_file, dtype, device, quantization, num_threads) are the
+    generator's (rag.llm.loading.CausalLM); `use_cache` gives the artifact cache of a GGUF model's
+    conversion."""
 
+    @checked("reranker")
     def __init__(
         self,
         model: str,
-        top_n: int = 20,
-        batch_size: int = 8,
-        prompt_template: str = DEFAULT_PROMPT,
-        system_prompt: str | None = None,
-        **lm: Any,
+        top_n: PositiveInt = 20,
+        batch_size: PositiveInt = 8,
+        prompt_template: Text = DEFAULT_PROMPT,  # checked below: it must hold {query} and {passage}
+        system_prompt: Text | None = None,  # "" as null: no system message
+        gguf_file: Text | None = None,  # "" as null: the model's plain weights
+        dtype: str = "float32",
+        device: Device = "cpu",
+        quantization: str | None = None,
+        num_threads: PositiveInt | None = None,
     ):
-        if int(top_n) <= 0:
-            raise RagError(f"reranker.top_n must be positive, got {top_n}")
-        if int(batch_size) <= 0:
-            raise RagError(f"reranker.batch_size must be positive, got {batch_size}")
         for field in ("{query}", "{passage}"):
             if field not in prompt_template:
                 raise RagError(f"reranker.prompt_template must contain {field}")
@@ -62,7 +65,7 @@ class LLMReranker(CausalLM, Reranker):
         self.batch_size = int(batch_size)
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt or None
-        CausalLM.__init__(self, model, **lm, role="reranker")
+        CausalLM.__init__(self, model, gguf_file, dtype, device, quantization, num_threads)
 
     def warm_up(self) -> None:
         self.set_threads()
@@ -78,7 +81,7 @@ class LLMReranker(CausalLM, Reranker):
         import torch
 
         self.warm_up()
-        tok, lm = self._lm
+        tok, lm = self.load()
         yes, no = first_token_id(tok, "Yes"), first_token_id(tok, "No")
         if yes == no:
             raise RagError("reranker: 'Yes' and 'No' start with the same token for this tokenizer")
@@ -102,24 +105,25 @@ class LLMReranker(CausalLM, Reranker):
         log.info("rerank: scored %d pairs in %.1f s", len(pairs), time.perf_counter() - t0)
         return scores
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
+    def rerank(self, queries: list[str], hits: Hits, chunks: Sequence[Chunk], k: int, reuse: bool = True) -> Hits:
         # (query row, original rank, chunk row) of every candidate to score, for one batched pass
         cands: list[tuple[int, int, int]] = []
         for q in range(hits.n_queries):
             valid = [int(i) for i in hits.ids[q] if i >= 0]
             cands += [(q, rank, row) for rank, row in enumerate(valid[: self.top_n])]
-        scores = self.score_pairs([(queries[q], chunks[row].text) for q, _, row in cands]) if cands else []
+        scores: np.ndarray | list[float] = (
+            self.score_pairs([(queries[q], chunks[row].text) for q, _, row in cands]) if cands else [])
         by_query: list[list[tuple[float, int, int]]] = [[] for _ in range(hits.n_queries)]
         for (q, rank, row), s in zip(cands, scores):
             by_query[q].append((float(s), rank, row))
         rows: list[list[tuple[int, float]]] = []
         for q, scored in enumerate(by_query):
             scored.sort(key=lambda t: (-t[0], t[1]))  # ties keep the retrieval order
-            row = [(r, s) for s, _, r in scored]
+            ranked = [(r, s) for s, _, r in scored]
             # candidates past top_n (only when k > top_n) follow in retrieval order, scored below
             # every reranked one so that the row stays sorted by descending score
             rest = [int(i) for i in hits.ids[q] if i >= 0][self.top_n :]
-            floor = min((s for _, s in row), default=0.0)
-            row += [(r, floor - 1.0 - j) for j, r in enumerate(rest)]
-            rows.append(row)
+            floor = min((s for _, s in ranked), default=0.0)
+            ranked += [(r, floor - 1.0 - j) for j, r in enumerate(rest)]
+            rows.append(ranked)
         return Hits.from_rows(rows, k)

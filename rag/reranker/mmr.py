@@ -6,6 +6,7 @@ artifact (no re-encoding); only the query is encoded.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -13,15 +14,13 @@ import numpy as np
 from rag.cache import ArtifactCache
 from rag.models import use_cache
 from rag.reranker.base import Reranker
-from rag.types import Chunk, Hits, RagError
+from rag.schema import Fraction, PositiveInt, checked
+from rag.types import Chunk, Hits
 
 
 class MMRReranker(Reranker):
-    def __init__(self, embedder: Any, lambda_mult: float = 0.7, top_n: int = 20):
-        if not 0.0 <= float(lambda_mult) <= 1.0:
-            raise RagError(f"reranker.lambda_mult must be in [0, 1], got {lambda_mult}")
-        if int(top_n) <= 0:
-            raise RagError(f"reranker.top_n must be positive, got {top_n}")
+    @checked("reranker")
+    def __init__(self, embedder: Any, lambda_mult: Fraction = 0.7, top_n: PositiveInt = 20):
         self.embedder, self.lambda_mult, self.top_n = embedder, float(lambda_mult), int(top_n)
         self._vectors: np.ndarray | None = None
 
@@ -34,14 +33,14 @@ class MMRReranker(Reranker):
     def warm_up(self) -> None:
         self.embedder.encode_queries(["warm-up"])
 
-    def _chunk_vectors(self, rows: list[int], chunks: list[Chunk]) -> np.ndarray:
+    def _chunk_vectors(self, rows: list[int], chunks: Sequence[Chunk]) -> np.ndarray:
         if self._vectors is not None:
             return np.asarray(self._vectors[rows], np.float32)
         return self.embedder.encode([chunks[r].text for r in rows], show_progress=False)
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
+    def rerank(self, queries: list[str], hits: Hits, chunks: Sequence[Chunk], k: int, reuse: bool = True) -> Hits:
         q_vecs = self.embedder.encode_queries(queries)
-        out = []
+        out: list[list[tuple[int, float]]] = []
         for q in range(hits.n_queries):
             rows = [r for r, _ in hits.row(q)[: self.top_n]]
             if not rows:

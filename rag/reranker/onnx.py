@@ -62,7 +62,7 @@ def _features(model: Any, pairs: list[tuple[str, str]]) -> dict[str, Any]:
 def _export(model: Any, tmp: Path) -> dict[str, Any]:
     model.eval()
     enc = _features(model, _CHECK_PAIRS[:2])
-    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in enc]
+    names: list[str] = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in enc]
     export_module(model, enc, names, "scores", tmp / ONNX_FILE, OPSET)
     (tmp / META).write_text(json.dumps({"inputs": names, "output": "scores"}, indent=2))
     from rag.reranker.logits import predict_logits

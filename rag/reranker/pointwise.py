@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -118,7 +119,7 @@ class PointwiseReranker(UsesCache, Reranker):
                 log.warning("reranker: scores are not recorded in the cache (%s); every run scores anew", e)
         return scores
 
-    def rerank(self, queries: list[str], hits: Hits, chunks: list[Chunk], k: int, reuse: bool = True) -> Hits:
+    def rerank(self, queries: list[str], hits: Hits, chunks: Sequence[Chunk], k: int, reuse: bool = True) -> Hits:
         """The valid candidates among the first top_n of each row, rescored and sorted (ties keep
         the retrieval order); candidates past top_n follow in retrieval order with lower scores."""
         if len(queries) != hits.n_queries:

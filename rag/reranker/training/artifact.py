@@ -15,9 +15,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rag.artifacts import load_corpus
+from rag.corpus.loading import load_corpus
 from rag.cache import ArtifactCache, make_key
 from rag.chunk_store import DocumentStore
+from rag.corpus.base import Corpus
 from rag.corpus.slicing import content_fingerprint
 from rag.models import resolve_model
 from rag.reranker.training.dataset import build_dataset
@@ -49,7 +50,7 @@ def training_docs(corpus: Any, cache: ArtifactCache) -> list[Document]:
         corpus = instantiate(dict(corpus), _convert_="all")
     if isinstance(corpus, (list, tuple, DocumentStore)) and all(isinstance(d, Document) for d in corpus):
         return list(corpus)
-    if not hasattr(corpus, "load") and not getattr(corpus, "parts", None):
+    if not isinstance(corpus, Corpus):
         raise RagError(f"reranker.train.corpus: expected a corpus, got {type(corpus).__name__}")
     docs, _ = load_corpus(corpus, cache)
     return list(docs)  # a training corpus is small; the trainer indexes and samples it as a list

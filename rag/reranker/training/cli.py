@@ -67,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     except RagError as e:
         print(f"ragrig: error: {e}", file=sys.stderr)
         return 2
-    how = "found in cache" if art.hit else ("from the shipped model" if art.manifest.get("source") == "shipped" else "trained")
+    if art.hit:
+        how = "found in cache"
+    elif art.manifest.get("source") == "shipped":
+        how = "from the shipped model"
+    else:
+        how = "trained"
     print(f"cross-encoder {how}: {art.path} ({time.perf_counter() - t0:.1f}s)")
     metrics_file = art.path / METRICS_FILE
     if metrics_file.exists():

@@ -36,7 +36,9 @@ def group_metrics(groups: Sequence[Group], scores: np.ndarray) -> dict[str, Any]
     logits (0 = probability 0.5)."""
     labels = np.array([lab for g in groups for _, _, lab in g.pairs()], np.float64)
     scores = np.asarray(scores, np.float64)
-    rr, pairwise, by_kind = [], [], {}
+    rr: list[float] = []
+    pairwise: list[float] = []
+    by_kind: dict[str, list[float]] = {}
     at = 0
     for g in groups:
         n = 1 + len(g.negatives)

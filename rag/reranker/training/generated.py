@@ -103,7 +103,7 @@ def generation_key(docs: Sequence[Document], s: Mapping[str, Any], generator_con
 
 def _generate(docs: Sequence[Document], s: Mapping[str, Any], generator: Any, tmp: Path,
               say: Callable[[str], None]) -> dict[str, Any]:
-    from rag.types import Context
+    from rag.types import Context, Hits
 
     pool = PassagePool(docs, s["chunk_size"], s["chunk_overlap"], label=False)
     rows = sample_passages(pool, _wanted(s), int(s["seed"]))
@@ -111,10 +111,10 @@ def _generate(docs: Sequence[Document], s: Mapping[str, Any], generator: Any, tm
     t0 = time.perf_counter()
     answers = generator.generate([""] * len(texts), [[Context(text=t)] for t in texts])
     seconds = time.perf_counter() - t0
-    stats = dict(getattr(generator, "stats", {}) or {})
+    stats = dict(generator.stats or {})
     questions = [clean_question(a) for a in answers]
     asked = [(r, q) for r, q in zip(rows, questions) if q]
-    hits = pool.bm25.search([q for _, q in asked], ROUND_TRIP_K) if asked else None
+    hits = pool.bm25.search([q for _, q in asked], ROUND_TRIP_K) if asked else Hits.empty(0, ROUND_TRIP_K)
     kept = 0
     with open(tmp / FILE, "w", encoding="utf-8") as f:
         for i, (r, q) in enumerate(asked):

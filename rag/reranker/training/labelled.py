@@ -1,5 +1,5 @@
 """Training queries from a labelled question set: real questions whose source document is known,
-taken ONLY from the train part of the set's split (rag/qa.py QuestionSplit), so that a run which
+taken ONLY from the train part of the set's split (rag/qa/base.py QuestionSplit), so that a run which
 scores the test part (or the default dev slice, which lies inside it) never scores a question the
 model was trained on."""
 from __future__ import annotations
@@ -9,12 +9,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rag.qa import QuestionSet
 from rag.reranker.training.examples import Example
 from rag.reranker.training.passages import PassagePool
 from rag.types import QAItem, RagError
 
 
-def question_set(config: Any) -> Any:
+def question_set(config: Any) -> QuestionSet:
     """The configured question set (an object, or a `_target_` mapping), checked to be a train part."""
     qs = config
     if isinstance(config, Mapping):
@@ -23,12 +24,11 @@ def question_set(config: Any) -> Any:
         from hydra.utils import instantiate
 
         qs = instantiate(dict(config), _convert_="all")
-    split = getattr(qs, "split", None)
-    if split is None or not hasattr(qs, "load"):
+    if not isinstance(qs, QuestionSet):
         raise RagError(f"reranker.train.labelled: expected a question set with a split, got {type(qs).__name__}")
-    if split.part != "train":
+    if qs.split.part != "train":
         raise RagError(
-            f"reranker.train.labelled: split.part must be 'train' (got {split.part!r}): a reranker is "
+            f"reranker.train.labelled: split.part must be 'train' (got {qs.split.part!r}): a reranker is "
             "trained on the train part of a question set only, never on questions a run may score"
         )
     return qs
@@ -47,11 +47,11 @@ def questions_fingerprint(items: Sequence[QAItem]) -> str:
 
 def labelled_examples(items: Sequence[QAItem], pool: PassagePool) -> list[Example]:
     """Each question with the passage of its source document that shares the most words with its
-    answer (for PubMedQA: the passage holding the conclusion). Questions without a source, or
-    whose source is not among the training documents, are left out."""
+    answer (for PubMedQA: the passage holding the conclusion). Questions without a source or an
+    answer, or whose source is not among the training documents, are left out."""
     out: list[Example] = []
     for q in items:
-        if q.source is None:
+        if q.source is None or q.answer is None:
             continue
         row = pool.best_match(q.source, q.answer)
         if row is not None:

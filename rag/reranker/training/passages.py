@@ -81,6 +81,6 @@ class PassagePool:
 
     @cached_property
     def bm25(self) -> Any:
-        from rag.bm25 import BM25Index
+        from rag.retriever.bm25 import BM25Index
 
         return BM25Index(backend="bm25s").build([p.text for p in self.passages])

@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rag.cache import file_sha256, umask_mode
+from rag.atomic import umask_mode
+from rag.cache import file_sha256
 from rag.config import PROJECT_ROOT
 
 log = logging.getLogger(__name__)

@@ -79,7 +79,10 @@ def howto(summary: str) -> str | None:
     if not m:
         return None
     verb = m.group(1).lower()
-    verb = verb[:-2] + "y" if verb.endswith("ie") else verb[:-1] if verb.endswith(("sse", "she", "che", "xe")) else verb
+    if verb.endswith("ie"):
+        verb = verb[:-2] + "y"
+    elif verb.endswith(("sse", "she", "che", "xe")):
+        verb = verb[:-1]
     rest = summary[m.end():].strip().rstrip(".")
     return f"{verb} {rest}" if 2 <= len(rest.split()) <= 20 else None
 
@@ -150,16 +153,21 @@ def page_questions(doc: Document) -> Iterator[tuple[str, str, int]]:
             yield "page_section", _pick(PAGE_QUESTIONS, doc.id, head).format(h=h), at
 
 
+def structural_questions(doc: Document) -> list[tuple[str, str, int]]:
+    """(template variant, question, offset of its answer) for a man page, a PyTorch docstring or
+    a PyTorch page; none for any other document (its structure is unknown)."""
+    if libc.is_page_id(doc.id):
+        return list(man_questions(doc))
+    if pytorch.is_docstring_id(doc.id):
+        return list(docstring_questions(doc))
+    if pytorch.is_doc_page_id(doc.id):
+        return list(page_questions(doc))
+    return []
+
+
 def template_examples(doc: Document, pool: PassagePool) -> list[Example]:
     """Every template question of one document, each with the passage that holds its answer."""
-    if libc.is_page_id(doc.id):
-        found = man_questions(doc)
-    elif pytorch.is_docstring_id(doc.id):
-        found = docstring_questions(doc)
-    elif pytorch.is_doc_page_id(doc.id):
-        found = page_questions(doc)
-    else:
-        return []
+    found = structural_questions(doc)
     out: list[Example] = []
     for variant, question, offset in found:
         row = pool.containing(doc.id, offset)

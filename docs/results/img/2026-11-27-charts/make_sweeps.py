@@ -25,7 +25,7 @@ def write_run(path, variant, overrides, values, latency, job, corpora):
     by_corpus = {c: {m: agg([v[i] for i in range(n) if corpora[i] == c]) for m, v in values.items()} for c in CORPORA}
     config = {"variant": variant, "objective": "mrr", "eval": {"k": 5, "bootstrap": {"resamples": 300, "seed": 0}},
               "chunker": {"_target_": "rag.chunker.SlidingWindowChunker", "chunk_size": 512, "chunk_overlap": 64},
-              "fusion": {"_target_": "rag.fusion.WeightedFusion", "alpha": 0.5}}
+              "fusion": {"_target_": "rag.retriever.fusion.WeightedFusion", "alpha": 0.5}}
     for o in overrides:
         key, _, val = o.lstrip("+").partition("=")
         node = config

@@ -15,7 +15,7 @@ against the questions' corpus tags is reported per run (`routing` in metrics.jso
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -65,11 +65,13 @@ class Router:
         """`vectors[i]` and `sources[i]` of chunk row i. With `key` (the vectors' artifact key) and
         the cache's memory tier, the jobs of a sweep in one process fit each model once."""
         sources = np.asarray(sources, dtype=object)
-        present = sorted({group_of(s, self.group_map) for s in set(sources.tolist())}, key=sorted)
+        # A chunk's source is never None, so neither is its group.
+        group = {s: cast(frozenset[str], group_of(s, self.group_map)) for s in set(sources.tolist())}
+        present = sorted(set(group.values()), key=lambda g: sorted(g))
         self.groups = present
-        labels = np.array([present.index(group_of(s, self.group_map)) for s in sources.tolist()], np.int64)
+        labels = np.array([present.index(group[s]) for s in sources.tolist()], np.int64)
         memo_key = None if key is None or memory is None else (key, tuple(tuple(sorted(g)) for g in present), self.method)
-        fitted = None if memo_key is None else memory.get("routers", memo_key)
+        fitted = None if memo_key is None or memory is None else memory.get("routers", memo_key)
         if fitted is not None:
             self._model = fitted
             return self
@@ -83,7 +85,7 @@ class Router:
 
             clf = LogisticRegression(class_weight="balanced", max_iter=1000, random_state=_FIT_SEED)
             self._model = clf.fit(_normalize(vectors), labels)
-        if memo_key is not None and self._model is not None:
+        if memo_key is not None and memory is not None and self._model is not None:
             memory.put("routers", memo_key, self._model)
         return self
 
@@ -101,7 +103,7 @@ class Router:
         return [self.groups[int(i)] for i in best]
 
 
-def routing_report(routed: Sequence[frozenset[str]], corpora: Sequence[str | None], groups: Any) -> dict[str, Any]:
+def routing_report(routed: Sequence[frozenset[str] | None], corpora: Sequence[str | None], groups: Any) -> dict[str, Any]:
     """Accuracy of the routed groups against the groups of the questions' corpus tags (questions
     without a tag are not counted), overall and per corpus tag."""
     gmap = group_map(groups)

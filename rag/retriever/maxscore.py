@@ -27,7 +27,7 @@ SLACK = 1e-4
 MAX_ESSENTIAL_SHARE = 0.25
 
 
-# Each term's largest score, saved beside bm25s's files by the streamed build (rag.bm25), so that a
+# Each term's largest score, saved beside bm25s's files by the streamed build (rag.retriever.bm25_build), so that a
 # first question does not read the whole list of each of its common terms to find it.
 IMPACTS_FILE = "max_impact.ragrig.npy"
 

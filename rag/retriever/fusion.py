@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from rag.schema import Fraction, NonNegativeInt, checked
 from rag.types import Hits, RagError
 
 
@@ -35,10 +36,9 @@ class Fusion:
 
 
 class RRFFusion(Fusion):
-    def __init__(self, k: int = 60):
-        if int(k) < 0:
-            raise RagError(f"fusion.k must be >= 0, got {k}")
-        self.k = int(k)
+    @checked("fusion")
+    def __init__(self, k: NonNegativeInt = 60):
+        self.k = k
 
     def _fuse_query(self, lists: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
         fused: dict[int, float] = defaultdict(float)
@@ -51,9 +51,8 @@ class RRFFusion(Fusion):
 class WeightedFusion(Fusion):
     """Two lists only: the first is dense (weight alpha), the second lexical (1 - alpha)."""
 
-    def __init__(self, alpha: float = 0.5):
-        if not 0.0 <= float(alpha) <= 1.0:
-            raise RagError(f"fusion.alpha must be in [0, 1], got {alpha}")
+    @checked("fusion")
+    def __init__(self, alpha: Fraction = 0.5):
         self.alpha = float(alpha)
 
     @staticmethod

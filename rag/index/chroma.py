@@ -18,11 +18,12 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, cast
 
 import numpy as np
 
-from rag.index import VectorIndex
+from rag.index.base import VectorIndex
+from rag.schema import PositiveInt, checked, string
 from rag.types import Hits, RagError
 
 MANIFEST = "ragrig_chroma.json"
@@ -39,13 +40,10 @@ def _chromadb() -> Any:
 
 
 class ChromaIndex(VectorIndex):
-    def __init__(self, space: str = "cosine", M: int = 32, ef_construction: int = 200, ef_search: int = 128):
+    @checked("index")
+    def __init__(self, space: Annotated[str, string(choices=SPACES)] = "cosine", M: PositiveInt = 32,
+                 ef_construction: PositiveInt = 200, ef_search: PositiveInt = 128):
         super().__init__()
-        if space not in SPACES:
-            raise RagError(f"index.space must be one of {', '.join(SPACES)}, got {space!r}")
-        for name, value in (("M", M), ("ef_construction", ef_construction), ("ef_search", ef_search)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise RagError(f"index.{name} must be a positive integer, got {value!r}")
         self.metric = self.space = space
         self.M, self.ef_construction, self.ef_search = M, ef_construction, ef_search
         self._client: Any = None
@@ -96,7 +94,7 @@ class ChromaIndex(VectorIndex):
 
     def save(self, directory: Path) -> None:
         """Chroma's files for the cache entry (copied whole once the client has let them go)."""
-        built = self._path
+        built = cast(str, self._path)  # set by build() or load()
         self._close()
         shutil.copytree(built, Path(directory), dirs_exist_ok=True)
         (Path(directory) / MANIFEST).write_text(json.dumps(

@@ -37,7 +37,7 @@ def _row_bytes(array: np.ndarray) -> int:
 
 
 def _read_into(f: Any, pos: int, buf: np.ndarray) -> None:
-    view = memoryview(buf.reshape(-1).view(np.uint8))
+    view = buf.reshape(-1).view(np.uint8).data
     f.seek(pos)
     got = 0
     while got < len(view):
@@ -102,6 +102,6 @@ def write_rows(out: np.ndarray, start: int, block: np.ndarray) -> None:
         raise ValueError(f"rows of shape {data.shape[1:]} written to rows of shape {out.shape[1:]}")
     with open(span[0], "r+b", buffering=0) as f:
         f.seek(span[1] + start * _row_bytes(out))
-        view = memoryview(data.reshape(-1).view(np.uint8))
+        view = data.reshape(-1).view(np.uint8).data
         while view:
             view = view[f.write(view):]
