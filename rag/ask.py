@@ -29,10 +29,8 @@ import textwrap
 import time
 from typing import TYPE_CHECKING, Any
 
-from hydra import compose, initialize_config_dir
-
 from rag.cli import HelpFormatter, run_cli
-from rag.config import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
+from rag.config import PROJECT_ROOT, compose_config
 from rag.types import RagError
 
 if TYPE_CHECKING:
@@ -148,18 +146,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def ask(question: str, overrides: list[str], corpus: str | None, interactive: bool) -> int:
-    register_resolvers()
     from rag.session import open_session
     from rag.settings import load
 
     try:
-        try:
-            with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-                cfg = compose(config_name="config", overrides=overrides)
-        except Exception as e:
-            if not is_config_error(e):
-                raise
-            raise RagError(config_error_line(e)) from None
+        cfg = compose_config(overrides)
         t0 = time.perf_counter()
         # --corpus must select documents of this corpus: a typo would silently retrieve nothing.
         settings = load(cfg)

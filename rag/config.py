@@ -6,6 +6,9 @@ import os
 import re
 import secrets
 from pathlib import Path
+from typing import Any
+
+from rag.types import RagError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,6 +34,22 @@ def register_resolvers() -> None:
     # launching process's resolver cache with their config, so they resolve the same sweep dir.
     if not OmegaConf.has_resolver("ragrig_run_id"):
         OmegaConf.register_new_resolver("ragrig_run_id", lambda: RUN_ID, use_cache=True)
+
+
+def compose_config(overrides: list[str], config_name: str = "config") -> Any:
+    """The project's conf/ composed with `overrides`, outside a Hydra app (the entry points besides
+    run.py); a bad override or option is one RagError line (`config_error_line`), not Hydra's
+    traceback. Registers the project's resolvers first."""
+    from hydra import compose, initialize_config_dir
+
+    register_resolvers()
+    try:
+        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+            return compose(config_name=config_name, overrides=overrides)
+    except Exception as e:
+        if not is_config_error(e):
+            raise
+        raise RagError(config_error_line(e)) from None
 
 
 def config_error_line(e: BaseException) -> str:

@@ -12,14 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import DictConfig
 
 from rag.atomic import atomic_write_text
 from rag.cache import ArtifactCache
 from rag.corpus.loading import load_corpus
-from rag.config import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
+from rag.config import PROJECT_ROOT, compose_config
 from rag.settings import load
 from rag.types import RagError
 
@@ -42,11 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     # otherwise taken for corpus names.
     overrides = [w for w in args.words if "=" in w or w.startswith("~")]
     names = [w for w in args.words if w not in overrides] or list(DEFAULT_CORPORA)
-    register_resolvers()
     for name in names:
         t0 = time.perf_counter()
         try:
-            settings = load(_compose([f"corpus={name}", *overrides]))
+            settings = load(compose_config([f"corpus={name}", *overrides]))
             docs, skipped = load_corpus(instantiate(settings.nodes.corpus, _convert_="all"),
                                         ArtifactCache(settings.paths.cache))
         except RagError as e:
@@ -58,16 +55,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {len(docs)} documents, {chars / 1e6:.1f} M characters, {len(skipped)} skipped, "
               f"{time.perf_counter() - t0:.1f} s -> {out}")
     return 0
-
-
-def _compose(overrides: list[str]) -> DictConfig:
-    try:
-        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-            return compose(config_name="config", overrides=overrides)
-    except Exception as e:
-        if not is_config_error(e):
-            raise
-        raise RagError(config_error_line(e)) from None
 
 
 if __name__ == "__main__":

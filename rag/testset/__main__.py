@@ -46,10 +46,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def generate(overrides: list[str]) -> dict:
     """Composes conf/testset.yaml with `overrides` and builds the question file; its summary."""
-    from hydra import compose, initialize_config_dir
-
     from rag.cache import ArtifactCache
-    from rag.config import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
+    from rag.config import compose_config
     from rag.corpus.loading import load_corpus
     from rag.corpus.slicing import slice_documents
     from rag.models import use_cache
@@ -58,14 +56,7 @@ def generate(overrides: list[str]) -> dict:
     from rag.testset.build import Inputs, build
     from rag.testset.settings import load_testset
 
-    register_resolvers()
-    try:
-        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-            cfg = compose(config_name="testset", overrides=overrides)
-    except Exception as e:
-        if not is_config_error(e):
-            raise
-        raise RagError(config_error_line(e)) from None
+    cfg = compose_config(overrides, config_name="testset")
     settings = load(cfg)
     ts = load_testset(settings.resolved.get("testset"))
     if settings.dry_run and not ts.dry_run:  # the run's own switch means the same here
