@@ -75,22 +75,24 @@ def trec_measures(qrels: dict[str, dict[str, int]], run: dict[str, list[str]], m
     return {q: {m: float(result.get(q, {}).get(key, 0.0)) for m, key in zip(measures, keys)} for q in qrels}
 
 
-def label_metrics(qa: Sequence[QAItem], ranked: Sequence[Sequence[Chunk]], k: int) -> tuple[dict[str, np.ndarray], list[list[int] | None]]:
+def label_metrics(qa: Sequence[QAItem], ranked: Sequence[Sequence[Chunk]], k: int,
+                  labels: Sequence[Sequence[Relevance]] | None = None) -> tuple[dict[str, np.ndarray], list[list[int] | None]]:
     """Per-question nDCG@k, recall@k and MAP@k on the labels (NaN for a question without a
     positive label), and each retrieved chunk's grade (None for an unlabelled question).
-    `ranked[q]` holds question q's top-k chunks, best first."""
+    `ranked[q]` holds question q's top-k chunks, best first. `labels`: each question's labels in
+    place of its own (eval.relevance=llm's; empty: unlabelled)."""
     n = len(qa)
     values = {m: np.full(n, np.nan) for m in LABEL_METRICS}
     grades: list[list[int] | None] = []
     qrels: dict[str, dict[str, int]] = {}
     run: dict[str, list[str]] = {}
     for q, (item, chunks) in enumerate(zip(qa, ranked)):
-        labels = item.labels
-        grades.append([chunk_grade(c, labels) for c in chunks] if labels else None)
-        if any(r.grade > 0 for r in labels):
+        own = item.labels if labels is None else labels[q]
+        grades.append([chunk_grade(c, own) for c in chunks] if own else None)
+        if any(r.grade > 0 for r in own):
             key = str(q)  # positions, not question ids: ids are not guaranteed free of whitespace
-            qrels[key] = qrels_of(labels)
-            run[key] = found_units(chunks[:k], labels)
+            qrels[key] = qrels_of(own)
+            run[key] = found_units(chunks[:k], own)
     if qrels:
         measures = [t.format(k=k) for t in LABEL_MEASURES.values()]
         per_q = trec_measures(qrels, run, measures)

@@ -8,10 +8,10 @@ file's keys are named here and nowhere else.
 
 `to_json` writes the keys in the order runs have always written them (per_question.jsonl stays the
 same bytes for the same run): `id`, `question`, `ground_truth`, `source`, `corpus`, `labels`,
-`retrieved`, `answer`, the metrics, `judge` and the `judge_<metric>` values, `latency_ms`, `routed`,
+`provenance`, `retrieved`, `answer`, the metrics, `judge` and the `judge_<metric>` values, `latency_ms`, `routed`,
 `generation`, `contexts`. A key the run did not produce (no answer, no router, no generation
-details, and everything the pipeline adds, on a record only scored) is left out rather than
-written as null. `from_json` also reads the files of older runs and of hand-made fixtures: a
+details, no provenance for a question written by a person, and everything the pipeline adds, on a
+record only scored) is left out rather than written as null. `from_json` also reads the files of older runs and of hand-made fixtures: a
 field they lack is None (an empty list for `labels` and `retrieved`); only `id` is required, and
 in a retrieved chunk what every run has written.
 """
@@ -24,8 +24,8 @@ from typing import Any
 from rag.types import Relevance
 
 # The keys of a record that are not metrics; every other key holding a number or null is one.
-STRUCTURE = ("id", "question", "ground_truth", "source", "corpus", "labels", "retrieved", "answer", "judge",
-             "latency_ms", "routed", "generation", "contexts")
+STRUCTURE = ("id", "question", "ground_truth", "source", "corpus", "labels", "provenance", "retrieved", "answer",
+             "judge", "latency_ms", "routed", "generation", "contexts")
 LATENCY_STAGES = ("retrieve", "rerank", "generate", "route")
 HIT_FIELDS = ("rank", "chunk_id", "doc_id", "score", "sim_to_truth", "relevant", "grade", "relevant_label", "text")
 HIT_REQUIRED = ("rank", "chunk_id", "doc_id", "score", "text")
@@ -169,6 +169,9 @@ class QuestionRecord:
     source: str | None = None  # the id of the document holding the answer, when known
     corpus: str | None = None  # the question's group tag
     labels: list[Relevance] = field(default_factory=list)  # the relevance labels the label metrics used
+    # How a generated question was made (QAItem.provenance), each passage with its `text` (added by
+    # the pipeline); None: a question written by a person, or unmarked.
+    provenance: dict[str, Any] | None = None
     retrieved: list[RetrievedChunk] = field(default_factory=list)
     answer: str | None = None  # None: no answer generated for this question
     metrics: dict[str, float | None] = field(default_factory=dict)  # None: the question lacks what it needs
@@ -201,7 +204,7 @@ class QuestionRecord:
         return cls(
             id=doc["id"], question=doc.get("question"), ground_truth=doc.get("ground_truth"),
             source=doc.get("source"), corpus=doc.get("corpus"),
-            labels=[_relevance(x) for x in doc.get("labels") or []],
+            labels=[_relevance(x) for x in doc.get("labels") or []], provenance=doc.get("provenance"),
             retrieved=[RetrievedChunk.from_json(x) for x in doc.get("retrieved") or []],
             answer=doc.get("answer"),
             metrics={k: v for k, v in rest.items() if _is_value(v)},
@@ -218,8 +221,10 @@ class QuestionRecord:
         doc: dict[str, Any] = {
             "id": self.id, "question": self.question, "ground_truth": self.ground_truth, "source": self.source,
             "corpus": self.corpus, "labels": [r.to_json() for r in self.labels],
-            "retrieved": [h.to_json() for h in self.retrieved],
         }
+        if self.provenance is not None:
+            doc["provenance"] = self.provenance
+        doc["retrieved"] = [h.to_json() for h in self.retrieved]
         if self.answer is not None:
             doc["answer"] = self.answer
         doc.update(self.metrics)

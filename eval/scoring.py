@@ -20,7 +20,7 @@ from eval.labels import LABEL_METRICS, label_metrics
 from eval.record import JudgedMetric, QuestionRecord, RetrievedChunk
 from eval.stats import bootstrap_ci
 from rag.cache import ArtifactCache, MemoryTier, make_key
-from rag.types import Chunk, Hits, QAItem, RagError
+from rag.types import Chunk, Hits, QAItem, RagError, Relevance
 
 
 class MemoizedEncoder:
@@ -70,6 +70,15 @@ class MemoizedEncoder:
         return np.load(art.file("vectors.npy"), allow_pickle=False)
 
 
+@dataclass(frozen=True)
+class JudgedLabels:
+    """eval.relevance=llm's labels per question (eval/relevance.py) and, per question, the judge's
+    grade of each retrieved chunk in rank order (None: unjudged)."""
+
+    labels: Sequence[tuple[Relevance, ...]]
+    grades: Sequence[Sequence[int | None]]
+
+
 RETRIEVAL_METRICS = ("recall_at_k", "mrr", "precision_at_k", "hit_at_k_id", "mrr_id") + LABEL_METRICS
 ANSWER_METRICS = ("answer_gt", "grounding", "hallucination")
 ALL_METRICS = RETRIEVAL_METRICS + ANSWER_METRICS
@@ -112,6 +121,7 @@ def score(
     context_texts: list[list[str]] | None = None,
     memory: MemoryTier | None = None,
     store: ArtifactCache | None = None,
+    judged: JudgedLabels | None = None,
 ) -> tuple[list[QuestionRecord], dict[str, Any]]:
     """Returns (per-question records, aggregates).
 
@@ -119,7 +129,8 @@ def score(
     (`context_texts`); without context expansion those are exactly the top-k chunks. A question
     without a ground-truth answer (a BEIR query) gets None for the metrics that need one.
     `memory`: where the evaluation vectors of texts are kept between calls, `store`: the artifact
-    cache that keeps them between processes (MemoizedEncoder)."""
+    cache that keeps them between processes (MemoizedEncoder). `judged`: eval.relevance=llm's
+    labels, in place of the question set's, and each retrieved chunk's own grade."""
     encode = MemoizedEncoder(eval_embedder, memory, store)
     k = settings.k
     top = hits.top(k)
@@ -131,7 +142,7 @@ def score(
     rel_sim = M.relevant_by_similarity(sims, ids >= 0, settings.tau_recall)
     values = retrieval_values(qa, ids, chunks, rel_sim, k)
     ranked = [[chunks[int(r)] for r in ids[q] if r >= 0] for q in range(n_q)]
-    label_values, grades = label_metrics(qa, ranked, k)
+    label_values, grades = label_metrics(qa, ranked, k, None if judged is None else judged.labels)
     values.update(label_values)
 
     if context_texts is None:
@@ -148,9 +159,10 @@ def score(
     for q, item in enumerate(qa):
         slots = [(j, int(r)) for j, r in enumerate(ids[q]) if r >= 0]
         labelled = grades[q]
+        own = judged.grades[q] if judged is not None else None
         records.append(QuestionRecord(
             id=item.id, question=item.question, ground_truth=item.answer, source=item.source, corpus=item.corpus,
-            labels=list(item.labels),
+            labels=list(item.labels if judged is None else judged.labels[q]), provenance=item.provenance,
             retrieved=[
                 RetrievedChunk(
                     rank=j + 1, chunk_id=chunks[r].id, doc_id=chunks[r].doc_id, score=float(top.scores[q, j]),
@@ -159,6 +171,7 @@ def score(
                     grade=None if labelled is None else labelled[i],
                     relevant_label=None if labelled is None else labelled[i] > 0,
                     text=chunks[r].text,
+                    extra={} if own is None else {"judge_grade": own[i]},
                 )
                 for i, (j, r) in enumerate(slots)
             ],

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rag.types import QAItem, RagError
+from rag.types import QAItem, RagError, Relevance
 
 
 def _check_id(value: str, what: str) -> str:
@@ -46,12 +46,13 @@ def format_run(records: Sequence[dict[str, Any]], tag: str) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def format_qrels(qa: Sequence[QAItem]) -> str:
-    """`qid 0 docid grade` lines: each labelled document with its top grade."""
+def format_qrels(qa: Sequence[QAItem], labels: Sequence[Sequence[Relevance]] | None = None) -> str:
+    """`qid 0 docid grade` lines: each labelled document with its top grade (`labels`: each
+    question's labels in place of its own, eval.relevance=llm's)."""
     lines = []
-    for item in qa:
+    for q, item in enumerate(qa):
         grades: dict[str, int] = {}
-        for r in item.labels:
+        for r in (item.labels if labels is None else labels[q]):
             grades[r.doc] = max(grades.get(r.doc, 0), int(r.grade))
         for doc, grade in grades.items():
             lines.append(f"{_check_id(item.id, 'question id')} 0 {_check_id(doc, 'document id')} {grade}")

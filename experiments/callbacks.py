@@ -140,6 +140,7 @@ def write_sweep_summary(sweep_dir: Path, settings: dict[str, Any] | None = None)
         from experiments.report_files import build_report
 
         s = settings or {}
+        pool_sweep(sweep_dir)
         records = load_records([sweep_dir])
         if not records:
             log.warning("sweep summary: no jobs found under %s", sweep_dir)
@@ -168,6 +169,15 @@ def write_sweep_summary(sweep_dir: Path, settings: dict[str, Any] | None = None)
         else:
             log.exception("sweep summary failed for %s", sweep_dir)
         return []
+
+
+def pool_sweep(sweep_dir: Path) -> None:
+    """eval.relevance=llm: every run scored again on the labels of all runs' judged chunks
+    (experiments/pooling.py), before the summary reads them."""
+    from experiments.aggregate import find_run_dirs
+    from experiments.pooling import pool_runs
+
+    pool_runs(find_run_dirs([sweep_dir]))
 
 
 def judge_sweep(sweep_dir: Path, fail_on: str) -> int:

@@ -239,7 +239,7 @@ def render_html(rep: Report, records: list[RunRecord]) -> str:
         served=served_rows(rep),
         best=None if best is None else {"label": best["label"], "value": MI.fmt(rep.objective, best[rep.objective])},
         n_questions=len(data["questions"]), context_limit=data["context_limit"], lower_note=MI.LOWER_NOTE,
-        samples=sample_notes(records),
+        samples=sample_notes(records), provenance=rep.provenance.page_lines(),
         data_json=payload, css=(TEMPLATES / "report.css").read_text(encoding="utf-8"),
         js=(TEMPLATES / "report.js").read_text(encoding="utf-8"), esc=html.escape,
     )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from eval.record import QuestionRecord, RetrievedChunk
 from experiments import metric_info as MI
+from rag.provenance import generator_name
 
 if TYPE_CHECKING:
     from experiments.aggregate import RunRecord
@@ -87,7 +88,25 @@ class RunData(TypedDict):
     change: int  # against the baseline: 1 fixed, -1 broken, 0 neither
 
 
-class QuestionData(TypedDict):
+class PassageData(TypedDict):
+    """A passage a generated question was written from."""
+
+    doc_id: int  # index into `strings`
+    start: int  # the passage's [start, end) in its document's text
+    end: int
+    text: int  # index into `strings`, cut as a retrieved text is (-1: not recorded)
+    span: list[int] | None  # the piece matching the ground truth, in the cut text
+
+
+class GeneratedData(TypedDict):
+    """How a generated question was made (its record's `provenance`, python -m rag.testset)."""
+
+    kind: str  # "factoid", "how_why", "two_passage", "template:<name>"
+    generator: str  # the generator's short name (rag.provenance.generator_name)
+    passages: list[PassageData]
+
+
+class EveryQuestion(TypedDict):
     id: str
     question: str
     ground_truth: str | None
@@ -95,6 +114,12 @@ class QuestionData(TypedDict):
     source: str  # that document named for a reader ("man page fcntl(2)")
     corpus: str  # the group tag ("unlabelled" when none)
     runs: list[RunData | None]  # in `runs` order; None where the run lacks the question
+
+
+class QuestionData(EveryQuestion, total=False):
+    # Only for a generated question (a record with provenance): a question written by a person
+    # has no such key, so the data of a set of human questions is what it has always been.
+    generated: GeneratedData
 
 
 class Evidence(TypedDict):
@@ -280,6 +305,12 @@ def _labels(hit: RetrievedChunk, source: str | None) -> dict[str, Any]:
     return {}
 
 
+def _passage_texts(r: QuestionRecord) -> list[str]:
+    """The texts of the passages a generated question was written from, where recorded."""
+    passages = (r.provenance or {}).get("passages") if isinstance(r.provenance, dict) else None
+    return [p["text"] for p in passages or [] if isinstance(p, dict) and isinstance(p.get("text"), str)]
+
+
 def _records(rec: RunRecord) -> dict[str, QuestionRecord]:
     """A run's questions by id (lines without an id are no question)."""
     rows = (QuestionRecord.from_json(line) for line in rec.per_question() if "id" in line)
@@ -327,6 +358,10 @@ def question_data(rep: Report, records: list[RunRecord], max_chars: int,
             for c in r.contexts or []:
                 texts.add(c.text or "")
                 span_of(c.text or "", qid)
+    for qid, r in first.items():
+        for text in _passage_texts(r):
+            texts.add(text)
+            span_of(text, qid)
     limit = context_limit([len(t) for t in texts], max_chars, budget)
 
     strings, labels = Strings(), Strings()  # labels: distinct label sets, as JSON
@@ -366,15 +401,32 @@ def question_data(rep: Report, records: list[RunRecord], max_chars: int,
                 "fault": F.CLASSES.index(fault) if fault else -1,
                 "change": moved[j].get(qid, 0) if j < len(moved) else 0}
 
+    def generated(prov: dict[str, Any], qid: str) -> GeneratedData:
+        passages: list[PassageData] = []
+        for p in prov.get("passages") or []:
+            if not isinstance(p, dict):
+                continue
+            text = p.get("text")
+            cut_text, hs, he = cut(text, span_of(text, qid), limit) if isinstance(text, str) else ("", -1, -1)
+            start, end = (v if isinstance(v := p.get(k), int) else -1 for k in ("start", "end"))
+            passages.append({"doc_id": strings(None if p.get("doc_id") is None else str(p["doc_id"])),
+                             "start": start, "end": end,
+                             "text": strings(cut_text) if isinstance(text, str) else -1, "span": _span(hs, he)})
+        return {"kind": str(prov.get("kind") or ""), "generator": generator_name(prov.get("generator")),
+                "passages": passages}
+
     out_questions: list[QuestionData] = []
     for qid, q in first.items():
         runs: list[RunData | None] = []
         for j, rows in enumerate(per_run):
             mine = rows.get(qid)
             runs.append(None if mine is None else run_data(j, mine, qid))
-        out_questions.append({"id": qid, "question": q.question or "", "ground_truth": q.ground_truth,
-                              "source_id": q.source, "source": source_label(q.source),
-                              "corpus": q.corpus or "unlabelled", "runs": runs})
+        entry: QuestionData = {"id": qid, "question": q.question or "", "ground_truth": q.ground_truth,
+                               "source_id": q.source, "source": source_label(q.source),
+                               "corpus": q.corpus or "unlabelled", "runs": runs}
+        if isinstance(q.provenance, dict):
+            entry["generated"] = generated(q.provenance, qid)
+        out_questions.append(entry)
     doc_ids = {hit.doc_id for rows in per_run for r in rows.values() for hit in r.retrieved}
     return {"questions": out_questions, "strings": strings.values, "labels": [json.loads(x) for x in labels.values],
             "fault_classes": [F.WORDS[c] for c in F.CLASSES],

@@ -38,6 +38,7 @@ from experiments import charts as C
 from experiments import faults as F
 from experiments import metric_info as MI
 from experiments import panels as P
+from experiments import provenance as PV
 from experiments import verdict as V
 from experiments.aggregate import RunRecord, markdown_table, summary_frame
 from experiments.baseline import BaselineChoice, baseline_note, pick_baseline
@@ -89,6 +90,7 @@ class Report:
     source: str = ""
     faults: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, then questions per class (experiments.faults)
     transitions: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> fixed / broken vs the baseline
+    provenance: PV.RunsProvenance = field(default_factory=PV.RunsProvenance)  # generated questions, LLM labels
 
     def moved_to(self, out_dir: Path) -> "Report":
         """This report after its files moved from the directory it was built in (a staging
@@ -302,7 +304,7 @@ def summary_view(rep: Report, k: Any, source: str) -> dict[str, Any]:
                + [_cell(row, m, markers.get((str(row["label"]), m), "")) for m in rep.metrics]
                for _, row in frame.iterrows()]
     view: dict[str, Any] = {
-        "title": rep.settings.title, "verdict": rep.verdict, "source": source,
+        "title": rep.settings.title, "verdict": rep.verdict, "source": source, "provenance": rep.provenance.view(),
         "jobs": len(frame), "ok": len(ok), "failed": len(failed),
         "objective": rep.objective, "objective_label": C.metric_label(rep.objective, k),
         "direction": "lower" if MI.lower_is_better(rep.objective) else "higher",
@@ -446,7 +448,8 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
         frame.insert(3, "baseline", [i == base for i in range(len(frame))])
     rep = Report(Path(out_dir), frame, cmp.table, varying, metrics, objective, baseline_label, mde=cmp.mde,
                  n_tests=cmp.n_tests, alpha=settings.alpha, k=k, unit=unit,
-                 by_corpus=corpus_frame(records, labels, metrics), settings=settings, source=source)
+                 by_corpus=corpus_frame(records, labels, metrics), settings=settings, source=source,
+                 provenance=PV.of_runs(records, labels))
     single = None
     if base is not None and objective in frame:
         row = frame.loc[base]
@@ -455,7 +458,8 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
     runs = [lab for i, lab in enumerate(labels) if records[i].ok and i != base]
     best = best_run(rep) if varying and "variant" not in varying else None
     best_words = "" if best is None else V.best_words(best, baseline_label, cmp.table, objective, k)
-    rep.verdict = " ".join(x for x in (baseline_note(choice, baseline_label), best_words,
+    rep.verdict = " ".join(x for x in (V.provenance_words(PV.provenances(records)), baseline_note(choice, baseline_label),
+                                       best_words,
                                        V.verdict_text(cmp, baseline_label, runs, k, objective, single),
                                        V.cost_words(frame)) if x)
     _fault_analysis(rep, records, labels, base)

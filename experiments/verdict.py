@@ -20,6 +20,7 @@ import pandas as pd
 from experiments import metric_info as MI
 from experiments.aggregate import RunRecord
 from experiments.stats import PERMUTATIONS, has_value, holm, min_detectable_effect, paired_bootstrap, shared_ids
+from rag.provenance import generated, human, labels_source, marked
 
 ALPHA = 0.05
 POWER = 0.8
@@ -349,6 +350,27 @@ def cost_words(frame: Any) -> str:
 
     runs = ", ".join(f"{r['label']} {float(r['cost_total']):.4f}{cur(r)}" for _, r in ok.iterrows())
     return f"Served models cost (requests this run sent, at the config's pricing): {runs}."
+
+
+def provenance_words(provenances: list[dict[str, Any] | None]) -> str:
+    """The verdict's sentence on what the measurements stand on, when any run's questions were
+    generated (python -m rag.testset) or its relevance labels graded by an LLM (`provenances`: the
+    runs' metrics.json `provenance`); empty for human questions with the question file's labels."""
+    if not any(marked(p) for p in provenances):
+        return ""
+    gen = [bool(generated(p)) for p in provenances]
+    llm = [labels_source(p) == "llm" for p in provenances]
+    every_generated = all(generated(p) and not human(p) for p in provenances)
+    questions = "generated questions" if every_generated else "questions partly generated"
+    if any(gen) and any(llm):
+        words = f"Measured on {questions} and LLM relevance labels, not human ones"
+    elif any(gen):
+        words = f"Measured on {questions}, not {'human-written' if every_generated else 'only human-written'} ones"
+    else:
+        words = "Measured with LLM relevance labels, not human ones"
+    if len(set(gen)) > 1 or len(set(llm)) > 1:
+        words += " (not in every run: see Questions and labels)"
+    return words + "."
 
 
 # ---------------------------------------------------------------------------------------------

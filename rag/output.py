@@ -3,6 +3,7 @@ report.html, whole or not at all; and the plain-text table a run prints."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,9 @@ from experiments import metric_info as MI
 from rag import strict_json
 from rag.atomic import atomic_write_text
 from rag.plan import format_plan
+from rag.provenance import provenance_lines
 from rag.settings import RunReport
-from rag.types import QAItem, RagError
+from rag.types import QAItem, RagError, Relevance
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +46,12 @@ def write_results(
         raise
 
 
-def trec_files(tag: str, records: list[dict[str, Any]], qa: list[QAItem]) -> dict[str, str]:
-    """run.trec and qrels.trec (eval.trec), or none when an id cannot be written in that format."""
+def trec_files(tag: str, records: list[dict[str, Any]], qa: list[QAItem],
+               labels: Sequence[Sequence[Relevance]] | None = None) -> dict[str, str]:
+    """run.trec and qrels.trec (eval.trec), or none when an id cannot be written in that format.
+    `labels`: the questions' labels in place of their own (eval.relevance=llm's)."""
     try:
-        return {"run.trec": format_run(records, tag), "qrels.trec": format_qrels(qa)}
+        return {"run.trec": format_run(records, tag), "qrels.trec": format_qrels(qa, labels)}
     except RagError as e:
         log.warning("no TREC run file: %s", e)
         return {}
@@ -104,6 +108,7 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"compression ({c['compressor']}): {c['chars_removed_share']:.0%} of the answered questions' context "
                      f"characters removed (about {c['tokens_removed_estimate']} tokens); {c['fallback_questions']} of "
                      f"{c['questions']} questions kept their whole contexts (nothing passed)")
+    lines += provenance_lines(result.get("provenance"))
     t = result["timings_s"]
     lines.append("stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()))
     return "\n".join(lines)

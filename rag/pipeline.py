@@ -20,13 +20,15 @@ from omegaconf import DictConfig
 
 from eval.judge import Item, Judge
 from eval.record import Generation, GivenContext, QuestionLatency, QuestionRecord
-from eval.scoring import add_judge_scores, score
+from eval.relevance import SOURCE, question_labels
+from eval.scoring import JudgedLabels, add_judge_scores, score
 from rag import latency, plan
 from rag.artifacts import Answers
 from rag.corpus.slicing import Kept, answer_subset
 from rag.embedder.base import Embedder
 from rag.llm.answer_cache import usage_totals
 from rag.output import trec_files, write_report, write_results
+from rag.provenance import add_passage_texts, run_provenance
 from rag.query import retrieve_rerank_all
 from rag.reranker.base import Reranker
 from rag.result import Objective, RunResult
@@ -80,19 +82,22 @@ def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]
     if placed.artifact is not None:  # an answer sample matters only where answers are generated
         note_answer_sample(session, answer_rows)
     ranked.latency_method["generate"] = generate_latency_method(placed)
+    judged, labels_from = judge_relevance(session, ranked.hits)
     with session.timer.stage("score"):
         records, aggregates = score(
             session.qa, ranked.hits, session.chunk_set.chunks, session.eval_embedder, session.score, placed.answers,
             eval_chunk_vectors(session), context_texts=[[c.text for c in ctx] for ctx in contexts],
-            memory=session.cache.memory, store=session.cache,
+            memory=session.cache.memory, store=session.cache, judged=judged,
         )
     judge_stats = None
     if session.judge is not None:
         judge_stats = run_judge(session, session.judge, records, aggregates, placed.answers, contexts)
     add_details(records, ranked, placed, contexts)
-    result = assemble(session, ranked, placed, aggregates, judge_stats, compression).to_json()
+    add_passage_texts(records, session.docs)
+    result = assemble(session, ranked, placed, aggregates, judge_stats, compression, labels_from).to_json()
     lines = [r.to_json() for r in records]
-    write_results(output_dir, result, lines, trec_files(result["variant"], lines, session.qa))
+    write_results(output_dir, result, lines,
+                  trec_files(result["variant"], lines, session.qa, None if judged is None else judged.labels))
     write_report(settings.report, output_dir)
     return result
 
@@ -180,8 +185,10 @@ def add_details(records: list[QuestionRecord], ranked: Ranked, placed: PlacedAns
 
 
 def assemble(session: Session, ranked: Ranked, placed: PlacedAnswers, aggregates: dict[str, Any],
-             judge_stats: dict[str, Any] | None, compression: dict[str, Any] | None = None) -> RunResult:
-    """The run's result (metrics.json)."""
+             judge_stats: dict[str, Any] | None, compression: dict[str, Any] | None = None,
+             labels: dict[str, Any] | None = None) -> RunResult:
+    """The run's result (metrics.json). `labels`: where the relevance labels came from (metrics.json
+    `provenance.labels`; None: the question file's)."""
     settings, overall, router = session.settings, aggregates["overall"], session.retriever.router
     routing = None
     if ranked.route_ms is not None and router is not None:
@@ -211,6 +218,7 @@ def assemble(session: Session, ranked: Ranked, placed: PlacedAnswers, aggregates
         routing=routing,
         compression=compression,
         slice={what: k.to_json() for what, k in session.kept.items()},
+        provenance=run_provenance(session.qa, labels),
     )
 
 
@@ -222,6 +230,26 @@ def note_answer_sample(session: Session, answer_rows: list[int]) -> None:
     session.kept["answered_questions"] = kept
     if kept.sampled:
         log.warning(kept.line())
+
+
+def judge_relevance(session: Session, hits: Hits) -> tuple[JudgedLabels | None, dict[str, Any]]:
+    """eval.relevance=llm: the judge's grade of every question's top-k chunks and the labels they
+    make (eval/relevance.py), with what metrics.json's provenance says of them; (None, the
+    question set's) otherwise."""
+    judge = session.relevance_judge
+    if judge is None:
+        return None, {"source": "qa"}
+    chunks = session.chunk_set.chunks
+    ranked = [[chunks[int(r)] for r in row if r >= 0] for row in hits.top(session.score.k).ids]
+    with session.timer.stage("relevance"):
+        graded = judge.grade([q.question for q in session.qa], ranked, session.cache)
+    labels = question_labels(ranked, graded.per_question, judge.relevant_from)
+    if graded.unjudged:
+        log.warning("eval.relevance=llm: %d of %d (question, chunk) pairs got no grade from the judge (unjudged)",
+                    graded.unjudged, graded.pairs)
+    return JudgedLabels(labels, graded.per_question), {
+        "source": SOURCE, **judge.describe(), "pairs": graded.pairs, "asked": graded.asked,
+        "unjudged": graded.unjudged, "pooled_runs": 1}
 
 
 def run_judge(session: Session, judge: Judge, records: list[QuestionRecord], aggregates: dict[str, Any],

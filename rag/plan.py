@@ -18,7 +18,9 @@ served stage is counted instead of run:
 - compress (compressor=llm through llm=openai): one request per context of each answered
   question, at most;
 - generate (llm=openai): the answers not in the cache, with their prompt tokens;
-- judge (eval.judge): its verdicts, at most.
+- judge (eval.judge): its verdicts, at most;
+- relevance (eval.relevance=llm through llm=openai): a request per distinct (question, chunk)
+  pair of the top k whose grade is not recorded.
 
 Counts are exact up to the first served stage with something to send. What comes after it depends
 on what that stage would answer (a served embedder's query vectors decide the candidates, a served
@@ -34,13 +36,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from eval.judge import Judge
+from eval.relevance import RECORD as RELEVANCE_RECORD
+from eval.relevance import RelevanceJudge
 from rag.artifacts import answers_key
 from rag.atomic import atomic_write_text
 from rag.chunker.contextualize import LLMContextualizer
@@ -54,64 +57,13 @@ from rag.models import TokenCounter
 from rag.reranker.base import Reranker
 from rag.reranker.listwise import ListwiseReranker, read_order
 from rag.reranker.pointwise import PointwiseReranker
-from rag.served import Served, served
+from rag.role_plan import RolePlan, batches, chars_estimate, endpoint_of, prompt_method, prompt_tokens
+from rag.served import served
 from rag.session import Session
-from rag.settings import ROLES, Pricing
+from rag.settings import ROLES
 from rag.types import Chunk, Context, Hits
 
 PLAN_FILE = "dry_run.json"
-
-
-def batches(n: int, size: int) -> int:
-    """How many batches of at most `size` hold `n` items."""
-    return -(-n // size)
-
-
-def chars_estimate(texts: list[str]) -> int:
-    return int(round(sum(len(t) for t in texts) / CHARS_PER_TOKEN))
-
-
-@dataclass
-class RolePlan:
-    """What one role would send: `units` by cache key (each [requests, items, input tokens, output
-    tokens at most]), the rest (not cached between runs: queries, timed searches, bounds) in `other`."""
-
-    role: str
-    base_url: str
-    model: str
-    items_are: str  # what `items` counts: texts, documents, windows, answers, verdicts
-    exact: bool = True
-    tokens_method: str = ""
-    notes: list[str] = field(default_factory=list)
-    cached: int = 0  # units the cache already holds (not sent)
-    units: dict[str, list[int]] = field(default_factory=dict)
-    other: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
-
-    def add(self, requests: int, items: int, tokens_in: int, tokens_out: int = 0, key: str | None = None) -> None:
-        row = self.units.setdefault(key, [0, 0, 0, 0]) if key else self.other
-        for i, v in enumerate((requests, items, tokens_in, tokens_out)):
-            row[i] += int(v)
-
-    def totals(self) -> list[int]:
-        return [sum(col) for col in zip(self.other, *self.units.values())]
-
-    def to_json(self, pricing: Pricing | None) -> dict[str, Any]:
-        requests, items, tokens_in, tokens_out = self.totals()
-        price = (pricing or Pricing()).price(self.role)
-        return {"base_url": self.base_url, "model": self.model, "exact": self.exact, "requests": requests,
-                "items": items, "items_are": self.items_are, "cached": self.cached, "input_tokens": tokens_in,
-                "output_tokens_at_most": tokens_out, "tokens_method": self.tokens_method,
-                "cost": round(price.cost(requests, tokens_in, tokens_out), 6),
-                "price": {"input": price.input, "output": price.output, "request": price.request},
-                "notes": self.notes, "units": self.units, "other": self.other}
-
-
-def endpoint_of(part: Served) -> tuple[str, str]:
-    """The base URL and model of a served part's server."""
-    ep = part.endpoint
-    if ep is None:
-        raise ValueError(f"{type(part).__name__} is not served")
-    return ep.base_url, ep.model
 
 
 # ---- the run's plan ----------------------------------------------------------------------------
@@ -152,6 +104,8 @@ def dry_run(session: Session, answer_rows: list[int], output_dir: Path) -> dict[
         roles["generate"] = plan_generate(session, generator, answered_queries, hits, first, answer_rows)
     if session.judge is not None:
         roles["judge"] = plan_judge(session.judge, len(answer_rows))
+    if session.relevance_judge is not None and served(session.relevance_judge):
+        roles["relevance"] = plan_relevance(session, session.relevance_judge, queries, hits)
     exact_until = next((r for r in ROLES if r in roles and pending(roles[r])), None)
     plan = {
         "questions": len(queries),
@@ -318,15 +272,6 @@ def windows_to_ask(reranker: ListwiseReranker, plan: RolePlan, query: str, head:
                      key=reranker._key(query, passages) if key_units else None)
 
 
-def prompt_tokens(llm: Generator, query: str, contexts: list[Context]) -> int:
-    return int(llm.count_prompt_tokens([query], [contexts])[0][0])
-
-
-def prompt_method(llm: Generator) -> str:
-    """How the generator counts a prompt's tokens."""
-    return llm.count_prompt_tokens(["x"], [[]])[1]
-
-
 def mean_chunk_chars(session: Session) -> float:
     texts = session.chunk_set.texts
     return float(np.mean([len(t) for t in texts])) if texts else 0.0
@@ -418,6 +363,35 @@ def plan_judge(judge: Judge, answered: int) -> RolePlan:
     plan.add(n, n, 0, 0)
     plan.notes.append(f"at most: {answered} answers x {list(judge.metrics)} x {judge.repeats} repeat(s); "
                       "verdicts already cached are not sent")
+    return plan
+
+
+def plan_relevance(session: Session, judge: RelevanceJudge, queries: list[str], hits: Hits | None) -> RolePlan:
+    """eval.relevance=llm: a request per distinct (question, chunk) pair of the top k not yet
+    recorded, keyed as the grade is recorded, so that a sweep's plan counts a shared pair once."""
+    plan = RolePlan("relevance", *endpoint_of(judge), items_are="pairs", tokens_method=prompt_method(judge.llm))
+    k = session.score.k
+    if hits is None:  # the top k depend on a served embedder's or reranker's answers
+        plan.exact = False
+        bare, _ = judge.llm.count_prompt_tokens(queries, [[] for _ in queries])
+        extra = int(mean_chunk_chars(session) / CHARS_PER_TOKEN)
+        for b in bare:
+            plan.add(k, k, k * (b + extra), k * judge.llm.max_tokens)
+        plan.notes.append(f"at most: {k} chunks per question, estimated at the corpus's mean chunk length; "
+                          "pairs already graded are not sent")
+        return plan
+    chunks, seen = session.chunk_set.chunks, set()
+    for query, row in zip(queries, hits.top(k).ids):
+        for r in row[row >= 0]:
+            text = chunks[int(r)].text
+            key = judge.key(query, text)
+            if key in seen:
+                continue
+            seen.add(key)
+            if session.cache.get_record(RELEVANCE_RECORD, key) is not None:
+                plan.cached += 1
+            else:
+                plan.add(1, 1, prompt_tokens(judge.llm, query, [Context(text)]), judge.llm.max_tokens, key=key)
     return plan
 
 

@@ -28,7 +28,7 @@ ABSENT: Any = _Absent()
 REQUIRED = ("variant", "objective", "metrics", "by_corpus", "counts", "latency", "timings_s", "artifacts", "config")
 # metrics.json's key order, which pipeline.run has always kept; optional keys slot in where it put them.
 KEY_ORDER = ("variant", "objective", "metrics", "by_corpus", "counts", "slice", "qa_split", "latency", "latency_method",
-             "usage", "compression", "timings_s", "artifacts", "config", "routing")
+             "usage", "compression", "timings_s", "artifacts", "config", "routing", "provenance")
 NAN = float("nan")
 
 
@@ -62,6 +62,10 @@ class RunResult:
     # everything kept; "answered_questions" only when answers were generated). None: absent (runs
     # from before it was recorded). rag.corpus.slicing.Kept writes and reads each entry.
     slice: dict[str, dict[str, Any]] | None = None
+    # Where the questions and the relevance labels came from: {"questions": {"human", "generated",
+    # "generators"}, "labels": {"source": "qa" | "llm", ...}} (rag.provenance). None: absent (runs
+    # from before it was recorded, read as human questions with the question file's labels).
+    provenance: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this code does not know, kept as read
 
     # -- reading and writing --------------------------------------------------------------------
@@ -86,7 +90,7 @@ class RunResult:
             **{k: doc[k] for k in REQUIRED[2:]},
             qa_split=doc.get("qa_split", ABSENT),
             latency_method=doc.get("latency_method"), usage=doc.get("usage"), routing=doc.get("routing"),
-            compression=doc.get("compression"), slice=doc.get("slice"),
+            compression=doc.get("compression"), slice=doc.get("slice"), provenance=doc.get("provenance"),
             extra={k: v for k, v in doc.items() if k not in KEY_ORDER},
         )
 
@@ -99,7 +103,8 @@ class RunResult:
         """The metrics.json document, keys in the order pipeline.run has always written them."""
         absent = {"qa_split": self.qa_split is ABSENT, "latency_method": self.latency_method is None,
                   "usage": not self.usage, "routing": self.routing is None,  # usage: never written empty
-                  "compression": not self.compression, "slice": self.slice is None}
+                  "compression": not self.compression, "slice": self.slice is None,
+                  "provenance": self.provenance is None}
         doc = {key: getattr(self, key) for key in KEY_ORDER if not absent.get(key, False)}
         doc["objective"] = {"name": self.objective.name, "value": self.objective.value}  # keeps its place
         return {**doc, **self.extra}

@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from eval.judge import Judge
+from eval.relevance import RelevanceJudge
 from eval.scoring import ANSWER_METRICS, ScoreSettings
 from rag import preflight
 from rag.artifacts import Artifacts
@@ -113,6 +114,7 @@ class Components:
     context_builder: ContextBuilder
     latency: LatencySettings
     judge: Judge | None  # when eval.judge.enabled
+    relevance_judge: RelevanceJudge | None = None  # when eval.relevance=llm
 
 
 @dataclass
@@ -171,6 +173,10 @@ class Session:
     @property
     def judge(self) -> Judge | None:
         return self.parts.judge
+
+    @property
+    def relevance_judge(self) -> RelevanceJudge | None:
+        return self.parts.relevance_judge
 
     @property
     def depth(self) -> int:
@@ -275,9 +281,10 @@ def create_components(settings: Settings, models: ArtifactCache) -> Components:
         raise RagError(f"compressor={compressor.name} shortens the contexts an LLM reads, but llm=none generates nothing")
     contextualizer = create(nodes.contextualizer) if nodes.contextualizer is not None else None
     parts = Components(settings.score, corpus, questions, chunker, retriever, reranker, generator, compressor,
-                       contextualizer, eval_embedder, context_builder, settings.latency, judge)
+                       contextualizer, eval_embedder, context_builder, settings.latency, judge,
+                       create(nodes.relevance_judge) if nodes.relevance_judge is not None else None)
     for part in (parts.chunker, parts.retriever, parts.reranker, parts.generator, parts.compressor,
-                 parts.contextualizer, parts.eval_embedder):
+                 parts.contextualizer, parts.eval_embedder, parts.relevance_judge):
         use_cache(part, models)
     return parts
 

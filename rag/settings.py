@@ -90,7 +90,7 @@ class RunReport:
     }
 
 
-ROLES = ("contextualize", "embed", "rerank", "compress", "generate", "judge")
+ROLES = ("contextualize", "embed", "rerank", "compress", "generate", "judge", "relevance")
 PRICE_KEYS = ("input", "output", "request")
 
 
@@ -164,6 +164,7 @@ class Nodes:
     contextualizer: DictConfig | None  # None unless chunker.contextualize=llm
     eval_embedder: DictConfig
     judge: DictConfig | None  # None unless eval.judge.enabled
+    relevance_judge: DictConfig | None = None  # None unless eval.relevance=llm
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,20 @@ def _built_if_chosen(data: dict[str, Any]) -> list[str]:
         chosen.append("contextualizer")
     if ((data.get("eval") or {}).get("judge") or {}).get("enabled", False):
         chosen.append("eval.judge.endpoint")
+    if relevance_source(data) == "llm":
+        chosen.append("eval.relevance_judge")
     return chosen
+
+
+RELEVANCE = ("labels", "llm")
+
+
+def relevance_source(data: dict[str, Any]) -> str:
+    """eval.relevance: labels (the question set's) or llm (graded by eval.relevance_judge)."""
+    value = str((data.get("eval") or {}).get("relevance", "labels"))
+    if value not in RELEVANCE:
+        raise RagError(f"eval.relevance must be one of {', '.join(RELEVANCE)}, got {value!r}")
+    return value
 
 
 def load(cfg: DictConfig) -> Settings:
@@ -267,7 +281,8 @@ def load(cfg: DictConfig) -> Settings:
         qa_split=(data.get("qa") or {}).get("split"),
         nodes=Nodes(cfg.corpus, cfg.qa, chunker_node(cfg.chunker), cfg.fusion, cfg.retriever, cfg.reranker, cfg.llm,
                     cfg.compressor, cfg.get("contextualizer") if contextualize == "llm" else None, cfg.eval.embedder,
-                    judge if judge is not None and judge.get("enabled", False) else None),
+                    judge if judge is not None and judge.get("enabled", False) else None,
+                    cfg.eval.get("relevance_judge") if relevance_source(data) == "llm" else None),
         resolved=data,
         dry_run=bool(data.get("dry_run")) or bool((data.get("llm") or {}).get("dry_run")),
         contextualize=contextualize,

@@ -93,6 +93,9 @@ class QAItem:
     source: str | None = None  # id of the document that holds the answer, when known
     corpus: str | None = None  # the source tag of that document ("pubmed", "libc", ...)
     relevant: tuple[Relevance, ...] = ()  # graded labels; empty: derived from `source`
+    # How a generated question was made (python -m rag.testset: kind, passages, generator, prompts,
+    # scores); None: written by a person, or unmarked. Not hashed: a frozen item stays hashable.
+    provenance: dict[str, Any] | None = field(default=None, hash=False)
 
     @property
     def labels(self) -> tuple[Relevance, ...]:
@@ -104,6 +107,8 @@ class QAItem:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["relevant"] = [r.to_json() for r in self.relevant]
+        if self.provenance is None:
+            del out["provenance"]
         return out
 
 

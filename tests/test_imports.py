@@ -125,7 +125,8 @@ LAYERS = {
     # 3. artifacts
     "rag.artifacts": 3, "rag.retriever": 3, "rag.query": 3, "rag.latency": 3,
     # 4. the session and the run
-    "rag.settings": 4, "rag.preflight": 4, "rag.session": 4, "rag.plan": 4, "rag.output": 4, "rag.rundir": 4,
+    "rag.settings": 4, "rag.preflight": 4, "rag.session": 4, "rag.plan": 4, "rag.role_plan": 4, "rag.provenance": 4, "rag.output": 4,
+    "rag.rundir": 4,
     "rag.pipeline": 4, "rag.ask": 4, "rag.corpus.export": 4, "rag.reranker.training": 4, "rag.testset": 4,
     # 5. reading runs back; 6. benchmarks
     "experiments": 5,

@@ -3,6 +3,7 @@ ground truth, texts cut around it to fit the page, and the contract with the pag
 data has exactly the fields the TypedDicts name, and report.js reads each of them by that name."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,8 @@ def keys(typed: Any) -> set[str]:
 def test_the_page_data_has_the_contracts_fields_and_no_others(page):
     assert set(page) == keys(P.PageData)
     q = page["questions"][0]
-    assert set(q) == keys(P.QuestionData) and q["runs"][1] is None  # q0 is not in v2
+    assert set(q) == set(P.QuestionData.__required_keys__) and q["runs"][1] is None  # q0 is not in v2
+    assert not any("generated" in x for x in page["questions"]), "written by people: nothing marks them"
     run = page["questions"][3]["runs"][1]
     assert set(run) == keys(P.RunData) and len(run["metrics"]) == len(page["metrics"])
     ranked, given = run["retrieved"], run["contexts"]
@@ -76,7 +78,31 @@ def test_the_page_data_has_the_contracts_fields_and_no_others(page):
     assert isinstance(ranked["relevant"][0], bool) and run["latency_ms"]
 
 
-@pytest.mark.parametrize("typed", [P.QuestionData, P.RunData, P.RetrievedData, P.ContextData])
+def test_a_generated_question_carries_how_it_was_made_and_its_passages(tmp_path):
+    ids = [f"q{i}" for i in range(4)]
+    run = rich_run(tmp_path / "runs" / "v1", "v1", ids, 0.0, 1)
+    lines = [json.loads(x) for x in (run / "per_question.jsonl").read_text().splitlines()]
+    lines[1]["provenance"] = {"kind": "factoid", "generator": {"class": "HFGenerator", "model": "org/SmolLM2-135M"},
+                              "prompts": {}, "scores": {},
+                              "passages": [{"id": "man:fcntl.2#0", "doc_id": "man:fcntl.2", "start": 0, "end": len(CHUNK),
+                                            "text": CHUNK},
+                                           {"id": "man:x#0", "doc_id": "man:x", "start": 5, "end": 9}]}
+    (run / "per_question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rep = build_report(load_records([tmp_path / "runs"]), tmp_path / "out", ReportSettings(charts=False))
+    page = embedded(rep.html.read_text(encoding="utf-8"))
+    human, gen = page["questions"][0], page["questions"][1]
+    assert "generated" not in human and set(gen) == keys(P.QuestionData)
+    g = gen["generated"]
+    assert set(g) == keys(P.GeneratedData) and (g["kind"], g["generator"]) == ("factoid", "SmolLM2-135M")
+    first, second = g["passages"]
+    assert set(first) == keys(P.PassageData) and page["strings"][first["doc_id"]] == "man:fcntl.2"
+    s, e = first["span"]
+    assert page["strings"][first["text"]][s:e] == SPAN  # the ground truth's sentence, highlighted
+    assert second["text"] == -1 and second["span"] is None and (second["start"], second["end"]) == (5, 9)
+
+
+@pytest.mark.parametrize("typed", [P.QuestionData, P.RunData, P.RetrievedData, P.ContextData, P.GeneratedData,
+                                   P.PassageData])
 def test_report_js_reads_every_field_by_its_name(typed):
     js = JS.read_text(encoding="utf-8")
     unread = [k for k in keys(typed) if not re.search(rf"\.{k}\b|\"{k}\"", js)]

@@ -79,6 +79,20 @@ def test_jsonl_questions_with_graded_labels(tmp_path):
     assert c.relevant == () and c.labels == (Relevance("man:open.2", 1),), "a plain source is one label of grade 1"
 
 
+GENERATED = {"kind": "factoid", "passages": [{"id": "man:fcntl.2#0", "doc_id": "man:fcntl.2", "start": 0, "end": 40}],
+             "generator": {"class": "OpenAIGenerator", "model": "m"}, "prompts": {"question": "0123456789abcdef"},
+             "scores": {"word_overlap": 0.4}}
+
+
+def test_a_generated_question_keeps_its_provenance_and_a_written_one_has_none(tmp_path):
+    rows = [q("gen-0001", doc_id="man:fcntl.2", provenance=GENERATED), q("b"), q("c", provenance=None)]
+    gen, human, unmarked = JsonlQuestions(write_jsonl(tmp_path / "qa.jsonl", rows)).load()
+    assert gen.provenance == GENERATED and "text" not in gen.provenance["passages"][0]  # spans only, as written
+    assert human.provenance is None and unmarked.provenance is None
+    assert "provenance" not in human.to_json() and gen.to_json()["provenance"] == GENERATED
+    assert len({gen, human}) == 2, "an item with provenance stays hashable"
+
+
 @pytest.mark.parametrize(
     "rows, pattern",
     [
@@ -101,6 +115,8 @@ def test_jsonl_questions_with_graded_labels(tmp_path):
         ([q("a", relevant=[{"doc": "d", "grade": True}])], r"'grade' must be a non-negative integer, got True"),
         ([q("a", relevant=[{"doc": "d", "span": [1, 2, 3]}])], r"'span' must be \[start, end\]"),
         ([q("a", relevant=[{"doc": "d", "span": [-1, 2]}])], r"'span' must be \[start, end\]"),
+        ([q("a"), q("b", provenance=["factoid"])], r"qa.jsonl:2: field 'provenance' must be an object .*got list"),
+        ([q("a", provenance="python -m rag.testset")], r"qa.jsonl:1: field 'provenance' must be an object"),
     ],
 )
 def test_jsonl_questions_errors(tmp_path, rows, pattern):

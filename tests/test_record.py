@@ -80,6 +80,18 @@ def test_older_and_hand_made_lines_read_with_what_they_lack_as_none():
     assert rec.to_json()["retrieved"][0]["span"] == [0, 1]  # a key the code does not know survives
 
 
+def test_a_generated_questions_provenance_round_trips_after_the_labels_and_a_written_one_has_none():
+    prov = {"kind": "two_passage", "generator": {"class": "templates"}, "prompts": {}, "scores": {},
+            "passages": [{"id": "d#0", "doc_id": "d", "start": 0, "end": 4, "text": "Tyre"}]}
+    rec = QuestionRecord("gen-0001", "why?", "because", "d", "bikes", provenance=prov, metrics={"mrr": 1.0})
+    doc = rec.to_json()
+    assert list(doc)[5:8] == ["labels", "provenance", "retrieved"] and doc["provenance"] == prov
+    back = QuestionRecord.from_json(json.loads(written(rec)))
+    assert back == rec and back.provenance == prov and back.extra == {} and written(back) == written(rec)
+    human = QuestionRecord.from_json(json.loads(line("v1.jsonl")))
+    assert human.provenance is None and "provenance" not in human.to_json()
+
+
 @pytest.mark.parametrize("doc, message", [
     ([1, 2], "a per-question record is a JSON object, not list"),
     ({"question": "why?"}, "a per-question record has an id"),

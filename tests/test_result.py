@@ -1,8 +1,8 @@
 """rag.result.RunResult: metrics.json read and written back unchanged, and its flat row.
 
 Fixtures (tests/fixtures/metrics): full.json (a run with every key: slice, qa_split, latency_method,
-usage, routing), baseline.json (no usage, no routing), older.json (from before qa_split and
-latency_method). flat_expected.json holds what the sweep summary and MLflow tracking made of them
+usage, routing, provenance), baseline.json (no usage, no routing), older.json (from before qa_split,
+latency_method and provenance). flat_expected.json holds what the sweep summary and MLflow tracking made of them
 before RunResult existed (experiments.aggregate.summary_frame, experiments.tracking.metrics_of):
 the names and values the flat row must keep.
 """
@@ -50,6 +50,9 @@ def test_optional_keys_stay_absent_or_present_as_read():
     assert list(full.to_json()) == list(KEY_ORDER)
     assert older.qa_split is ABSENT and older.latency_method is None and older.usage is None
     assert "qa_split" not in older.to_json() and "latency_method" not in older.to_json()
+    assert older.provenance is None and "provenance" not in older.to_json()
+    assert full.provenance == {"questions": {"human": 4, "generated": 2, "generators": ["SmolLM2-135M-Instruct"]},
+                               "labels": {"source": "qa"}}
     # a run without a question split writes "qa_split": null, which is not the same as no key
     doc = {**json.loads(text("baseline")), "qa_split": None}
     assert RunResult.from_json(doc).to_json() == doc and "qa_split" in RunResult.from_json(doc).to_json()

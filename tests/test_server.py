@@ -287,6 +287,30 @@ def test_listwise_reranking_through_a_served_llm(server, model, data, root):
     assert usage["unparsed_questions"] + usage["partial_questions"] <= len(TINY_QA)
 
 
+def test_relevance_labels_by_a_served_judge_are_the_in_process_judges(server, model, data, root):
+    """eval.relevance=llm with SmolLM2 behind transformers serve: a request per distinct (question,
+    chunk) pair, none on the rerun, and the grades the in-process judge gives (same weights,
+    prompt and greedy decoding; the in-process repeat stop is off, as the server has none)."""
+    base = overrides(data, root / "cache-relevance", "llm=none", "eval.latency.sample=0",
+                     "eval.relevance=llm")
+    ov = base + ["llm@eval.relevance_judge.llm=openai", f"eval.relevance_judge.llm.base_url={server.base_url}",
+                 f"eval.relevance_judge.llm.model={model['folder']}"]
+    before = server.served_requests()
+    first = run_overrides(ov, root / "rel-served")
+    labels = first["provenance"]["labels"]
+    assert server.served_requests() - before == labels["pairs"] == labels["asked"] > 0
+    run_overrides(ov, root / "rel-again")
+    assert server.served_requests() - before == labels["pairs"], "a rerun asks nothing"
+    run_overrides(overrides(data, root / "cache-relevance-local", "llm=none", "eval.latency.sample=0",
+                            "eval.relevance=llm", "eval.relevance_judge.llm.repeat_stop_ngram=0"), root / "rel-local")
+
+    def grades(out: Path) -> list:
+        return [[h.get("judge_grade") for h in json.loads(line)["retrieved"]]
+                for line in (out / "per_question.jsonl").read_text().splitlines()]
+
+    assert grades(root / "rel-served") == grades(root / "rel-local")
+
+
 def test_the_served_models_benchmark_runs_tiny(root, model):
     from benchmarks.served_models import bench_served_models
 

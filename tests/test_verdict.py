@@ -183,3 +183,22 @@ def test_a_failed_default_cell_is_named_as_the_reason_for_the_first_cell(tmp_pat
     assert rep.baseline == "chunk_size=256 alpha=0.3"
     assert rep.verdict.startswith("Baseline: chunk_size=256 alpha=0.3, the first run: the run with the "
                                   "configuration's default values (chunk_size=512 alpha=0.5) failed; ")
+
+
+GEN = {"questions": {"human": 0, "generated": 20, "generators": ["SmolLM2-135M"]}, "labels": {"source": "qa"}}
+HUMAN = {"questions": {"human": 20, "generated": 0, "generators": []}, "labels": {"source": "qa"}}
+LLM = {"source": "llm", "judge": "qwen", "prompt": "ab12", "pairs": 90, "unjudged": 1, "pooled_runs": 2}
+
+
+@pytest.mark.parametrize("provenances, words", [
+    ([HUMAN, HUMAN, None], ""),  # people's questions, the file's labels, or a run from before either was recorded
+    ([GEN, GEN], "Measured on generated questions, not human-written ones."),
+    ([{**GEN, "labels": LLM}], "Measured on generated questions and LLM relevance labels, not human ones."),
+    ([{**HUMAN, "labels": LLM}], "Measured with LLM relevance labels, not human ones."),
+    ([HUMAN, GEN], "Measured on questions partly generated, not only human-written ones (not in every run: see "
+                   "Questions and labels)."),
+])
+def test_the_verdict_says_when_questions_were_generated_or_labels_graded_by_an_llm(provenances, words):
+    from experiments.verdict import provenance_words
+
+    assert provenance_words(provenances) == words

@@ -10,14 +10,16 @@ from rag.schema import FilePath, checked
 from rag.types import QAItem, RagError
 
 # The question file's fields other than the three renamable ones, and their old names.
-QUESTION_NAMES = ("doc_id", "source", "group", "corpus", "relevant")
+QUESTION_NAMES = ("doc_id", "source", "group", "corpus", "relevant", "provenance")
 
 
 class JsonlQuestions(QuestionSet):
     """One JSON object per line: id, question, answer, and optionally doc_id (the id of the
     document that holds the answer), group (the question's group tag, as the corpus file's
-    `group`) and relevant (graded labels, see `parse_relevant`; without it, `doc_id` is the one
-    relevant document, grade 1). A question with labels may leave out the answer.
+    `group`), relevant (graded labels, see `parse_relevant`; without it, `doc_id` is the one
+    relevant document, grade 1) and provenance (an object: how `python -m rag.testset` made the
+    question; the reports mark such a question as generated). A question with labels may leave out
+    the answer.
 
         {"id": "q1", "question": "When do backups run?", "answer": "Nightly at 02:00.", "doc_id": "note-1", "group": "ops"}
 
@@ -56,8 +58,19 @@ class JsonlQuestions(QuestionSet):
                     source=aliased_field(obj, "doc_id", "source", where, is_id=True)[0],
                     corpus=aliased_field(obj, "group", "corpus", where)[0],
                     relevant=relevant,
+                    provenance=provenance_field(obj, where),
                 )
             )
         if not items:
             raise RagError(f"{self.path}: the question set is empty")
         return items
+
+
+def provenance_field(obj: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """The line's optional `provenance`: an object, kept as read (None: a question written by a
+    person, or unmarked)."""
+    value = obj.get("provenance")
+    if value is None or isinstance(value, dict):
+        return value
+    raise RagError(f"{where}: field 'provenance' must be an object (how python -m rag.testset made the question), "
+                   f"got {type(value).__name__}")

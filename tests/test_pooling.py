@@ -1,0 +1,72 @@
+"""Pooling: at the end of a sweep every eval.relevance=llm run is scored again on the labels of all
+runs' judged chunks, so that no run is measured against only what it found itself."""
+from __future__ import annotations
+
+import json
+
+from experiments.pooling import main, pool_runs
+from rag.pipeline import run
+from tests.scripted_endpoint import ScriptedEndpoint
+from tests.test_relevance import grader, judged
+
+
+def rows(path):
+    return {r["id"]: r for r in map(json.loads, (path / "per_question.jsonl").read_text().splitlines())}
+
+
+def test_runs_are_rescored_on_the_labels_of_every_runs_judged_chunks(tmp_path, compose_cfg, tiny_files):
+    with ScriptedEndpoint(chat=grader()) as srv:
+        run(compose_cfg(judged(srv, tiny_files, "retriever=dense")), tmp_path / "dense")
+        run(compose_cfg(judged(srv, tiny_files, "retriever=bm25", "chunker.chunk_size=60", "chunker.chunk_overlap=0")),
+            tmp_path / "bm25")
+        before = {name: rows(tmp_path / name) for name in ("dense", "bm25")}
+        pairs = {(q, h["text"]) for r in before.values() for q, row in r.items() for h in row["retrieved"]}
+        assert len(srv.chat_requests) == len(pairs), "a pair two runs retrieved was asked once"
+    assert pool_runs([tmp_path / "dense", tmp_path / "bm25"]) == 2
+    after = {name: rows(tmp_path / name) for name in ("dense", "bm25")}
+    for q in after["dense"]:
+        docs = {h["doc_id"] for r in before.values() for h in r[q]["retrieved"]}
+        assert after["dense"][q]["labels"] == after["bm25"][q]["labels"], "one pool, one set of labels"
+        assert {lab["doc"] for lab in after["dense"][q]["labels"]} == docs
+        for name in after:
+            for hit in after[name][q]["retrieved"]:
+                best = max(lab["grade"] for lab in after[name][q]["labels"] if lab["doc"] == hit["doc_id"])
+                assert hit["grade"] == best and hit["judge_grade"] == next(
+                    h["judge_grade"] for h in before[name][q]["retrieved"] if h["text"] == hit["text"])
+    for name in after:
+        metrics = json.loads((tmp_path / name / "metrics.json").read_text())
+        values = [r["ndcg_at_k"] for r in after[name].values() if r["ndcg_at_k"] is not None]
+        assert metrics["metrics"]["ndcg_at_k"]["mean"] == sum(values) / len(values)
+        assert metrics["metrics"]["ndcg_at_k"]["n"] == len(values)
+        labels = metrics["provenance"]["labels"]
+        assert labels["pooled_runs"] == 2 and labels["pairs"] == len(pairs) and labels["unjudged"] == 0
+    files = {name: [(tmp_path / name / f).read_bytes() for f in ("per_question.jsonl", "metrics.json", "qrels.trec")]
+             for name in after}
+    assert main([str(tmp_path)]) == 0
+    assert files == {name: [(tmp_path / name / f).read_bytes() for f in ("per_question.jsonl", "metrics.json",
+                                                                          "qrels.trec")] for name in after}, \
+        "pooling again changes nothing"
+
+
+def test_runs_of_different_judges_are_not_pooled(tmp_path, compose_cfg, tiny_files, caplog):
+    with ScriptedEndpoint(chat=grader()) as srv:
+        run(compose_cfg(judged(srv, tiny_files)), tmp_path / "a")
+        run(compose_cfg(judged(srv, tiny_files, "eval.relevance_judge.relevant_from=3")), tmp_path / "b")
+    before = (tmp_path / "a" / "metrics.json").read_bytes()
+    assert pool_runs([tmp_path / "a", tmp_path / "b"]) == 0
+    assert "not pooled" in caplog.text and (tmp_path / "a" / "metrics.json").read_bytes() == before
+
+
+def test_a_sweep_ends_with_its_runs_pooled_and_says_its_labels_are_an_llms(tmp_path, tiny_files):
+    from tests.test_sweeps import multirun, sweep_overrides
+
+    with ScriptedEndpoint(chat=grader()) as srv:
+        sweep = tmp_path / "sweep"
+        done = multirun(sweep_overrides(tiny_files) + [
+            "chunker.chunk_size=120", "retriever=dense,bm25", "eval.latency.sample=0", "eval.relevance=llm",
+            "llm@eval.relevance_judge.llm=openai", f"eval.relevance_judge.llm.base_url={srv.base_url}",
+            "eval.relevance_judge.llm.model=judge"], sweep)
+    labels = [json.loads((sweep / job / "metrics.json").read_text())["provenance"]["labels"] for job in ("0", "1")]
+    assert labels[0] == labels[1] and labels[0]["pooled_runs"] == 2
+    assert rows(sweep / "0")["q1"]["labels"] == rows(sweep / "1")["q1"]["labels"]
+    assert "LLM relevance labels" in done.stdout and "LLM" in (sweep / "summary.md").read_text()
