@@ -40,7 +40,7 @@ def assert_one_line(done: subprocess.CompletedProcess, expect: str, status: int 
 # ---- run.py: Hydra's own errors (composing the config, creating the run directory) ------------
 
 @pytest.mark.parametrize("extra,expect", [
-    (["eval.kk=3"], "ragrig: error: Could not override 'eval.kk': 'eval' has no key 'kk' (did you mean k?); its keys: embedder, judge, k,"),
+    (["eval.kk=3"], "ragrig: error: Could not override 'eval.kk': 'eval' has no key 'kk' (did you mean k?); its keys: embedder, judge, relevance_judge, k,"),
     # a misspelt key names the node, the nearest keys and every key it has
     (["chunker.chunk_sise=10"], "ragrig: error: Could not override 'chunker.chunk_sise': 'chunker' has no key 'chunk_sise' "
                                 "(did you mean chunk_size or chunk_overlap?); its keys: chunk_size, chunk_overlap, contextualize. "

@@ -57,7 +57,7 @@ def test_the_judge_node_is_kept_only_when_enabled():
     ("report.html=maybe", r"^report.html must be true or false, got 'maybe'$"),
     ("pricing.generate.input=-1", r"^pricing.generate.input must be >= 0, got -1$"),
     ("pricing.embed.output=cheap", r"^pricing.embed.output must be a number, got 'cheap'$"),
-    ("+pricing.embd={input: 1}", r"^pricing.embd: unknown model role; known: contextualize, embed, rerank, compress, generate, judge$"),
+    ("+pricing.embd={input: 1}", r"^pricing.embd: unknown model role; known: contextualize, embed, rerank, compress, generate, judge, relevance$"),
     ("+pricing.judge.per_token=1", r"^pricing.judge: unknown key\(s\) \['per_token'\]; known: input, output, request"),
 ])
 def test_a_bad_value_is_one_line_at_the_door(override, message):
