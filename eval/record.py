@@ -8,12 +8,13 @@ file's keys are named here and nowhere else.
 
 `to_json` writes the keys in the order runs have always written them (per_question.jsonl stays the
 same bytes for the same run): `id`, `question`, `ground_truth`, `source`, `corpus`, `labels`,
-`provenance`, `retrieved`, `answer`, the metrics, `judge` and the `judge_<metric>` values, `latency_ms`, `routed`,
-`generation`, `contexts`. A key the run did not produce (no answer, no router, no generation
-details, no provenance for a question written by a person, and everything the pipeline adds, on a
-record only scored) is left out rather than written as null. `from_json` also reads the files of older runs and of hand-made fixtures: a
-field they lack is None (an empty list for `labels` and `retrieved`); only `id` is required, and
-in a retrieved chunk what every run has written.
+`provenance`, `retrieved`, `answer`, the metrics, `judge` and the `judge_<metric>` values,
+`latency_ms`, `routed`, `generation`, `contexts`. A key the run did not produce (no answer, no
+router, no generation details, no provenance for a question written by a person, and everything
+the pipeline adds, on a record only scored) is left out rather than written as null. `from_json`
+also reads the files of older runs and of hand-made fixtures: a field they lack is None (an empty
+list for `labels` and `retrieved`); only `id` is required, and in a retrieved chunk what every run
+has written.
 """
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ class RetrievedChunk:
     grade: int | None  # the labels' grade of its document; None: the question has no labels
     relevant_label: bool | None  # grade > 0; None: the question has no labels
     text: str
-    # Keys this code does not know, kept as read: a labelled span, a label field another scorer added.
+    # Keys kept as read and written back: a labelled span, a label field another scorer added, and
+    # eval.relevance=llm's `judge_grade` (written only by those runs, so other runs keep their bytes).
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

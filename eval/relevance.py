@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag.cache import ArtifactCache, make_key
-from rag.llm.base import Generator
+from rag.llm.base import Generator, generate_each
 from rag.schema import checked
 from rag.types import Chunk, Context, RagError, Relevance
 
@@ -111,20 +111,17 @@ class RelevanceJudge:
         pairs = len(replies) + len(todo)
         if todo:
             log.info("relevance: asking the judge about %d of %d (question, chunk) pairs", len(todo), pairs)
-            self.llm.warm_up()
-            items = list(todo.items())
-            # served: 64 pairs per call (concurrent requests; each call's replies recorded before the
-            # next); in process one at a time, because a batch's padding can change a greedy reply
-            step = 64 if self.llm.resumable else 1
-            for start in range(0, len(items), step):
-                group = items[start:start + step]
-                answers = self.llm.generate([q for _, (q, _) in group], [[Context(p)] for _, (_, p) in group]) or []
-                for (k, _), answer in zip(group, answers):
-                    replies[k] = str(answer or "")
-                    cache.put_record(RECORD, k, {"reply": replies[k]})
+            asked = list(todo)
+
+            def record(i: int, reply: str) -> None:
+                replies[asked[i]] = reply
+                cache.put_record(RECORD, asked[i], {"reply": reply})
+
+            generate_each(self.llm, [(q, [Context(p)]) for q, p in todo.values()], record)
         grades = {k: parse_grade(r) for k, r in replies.items()}
         return Grades(per_question=[[grades[k] for k in ks] for ks in keys], pairs=pairs, asked=len(todo),
                       unjudged=sum(g is None for g in grades.values()))
+
 
 def document_labels(judged: Iterable[tuple[str, int | None]], relevant_from: int) -> tuple[Relevance, ...]:
     """Each judged document with its highest grade over its judged chunks; a grade below

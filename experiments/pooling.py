@@ -19,17 +19,18 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from eval.labels import LABEL_METRICS, chunk_grade, label_metrics
-from eval.record import QuestionRecord, RetrievedChunk
+from eval.labels import LABEL_METRICS, label_metrics
+from eval.record import QuestionRecord
 from eval.relevance import SOURCE, document_labels
 from eval.scoring import ScoreSettings, aggregate
 from eval.trec import format_qrels
 from rag import strict_json
 from rag.atomic import atomic_write_text
+from rag.cli import run_cli
 from rag.types import Chunk, QAItem, RagError, Relevance
 
 log = logging.getLogger(__name__)
@@ -88,10 +89,13 @@ def rescore(run: JudgedRun, labels: dict[str, tuple[Relevance, ...]], stats: dic
     items = [QAItem(r.id, r.question or "", r.ground_truth, r.source, r.corpus) for r in run.records]
     own = [labels.get(r.id, ()) for r in run.records]
     ranked = [[Chunk(h.chunk_id, h.doc_id, h.text, "", 0, 0, 0) for h in r.retrieved] for r in run.records]
-    values, _ = label_metrics(items, ranked, k, own)
+    values, grades = label_metrics(items, ranked, k, own)
     for q, rec in enumerate(run.records):
         rec.labels = list(own[q])
-        rec.retrieved = [_regraded(h, own[q]) for h in rec.retrieved]
+        chunk_grades = grades[q]
+        rec.retrieved = [replace(h, grade=None if chunk_grades is None else chunk_grades[j],
+                                 relevant_label=None if chunk_grades is None else chunk_grades[j] > 0)
+                         for j, h in enumerate(rec.retrieved)]
         for m in reported:
             v = float(values[m][q])
             rec.metrics[m] = None if v != v else v
@@ -113,14 +117,6 @@ def rescore(run: JudgedRun, labels: dict[str, tuple[Relevance, ...]], stats: dic
     if (run.path / "qrels.trec").exists():
         atomic_write_text(run.path / "qrels.trec", format_qrels(items, own))
     atomic_write_text(run.path / "metrics.json", strict_json.dumps(doc, indent=2, default=str))
-
-
-def _regraded(hit: RetrievedChunk, labels: tuple[Relevance, ...]) -> RetrievedChunk:
-    from dataclasses import replace
-
-    chunk = Chunk(hit.chunk_id, hit.doc_id, hit.text, "", 0, 0, 0)
-    grade = chunk_grade(chunk, labels) if labels else None
-    return replace(hit, grade=grade, relevant_label=None if grade is None else grade > 0)
 
 
 def _replace(table: dict[str, Any], metric: str, summary: dict[str, Any] | None) -> None:
@@ -174,4 +170,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

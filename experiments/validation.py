@@ -27,6 +27,7 @@ import pandas as pd
 from scipy.stats import kendalltau
 
 from rag.atomic import atomic_write_text
+from rag.cli import run_cli
 from rag.types import RagError
 
 # The retrieval metrics both kinds of question set have (a generated question has an answer and a
@@ -166,7 +167,7 @@ def agreement(labels_sweep: Path, llm_sweep: Path) -> Agreement:
 
 
 def _fmt(v: float | None, digits: int = 3) -> str:
-    return "–" if v is None else f"{v:+.{digits}f}" if digits < 0 else f"{v:.{digits}f}"
+    return "–" if v is None else f"{v:.{digits}f}"
 
 
 def questions_report(human_sweep: Path, generated_sweep: Path, metrics: Sequence[str] = METRICS) -> tuple[str, dict[str, Any]]:
@@ -294,4 +295,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rag.cache import ArtifactCache, make_key
-from rag.llm.base import Generator
+from rag.llm.base import Generator, generate_each
 from rag.schema import PositiveInt, checked
 from rag.types import Chunk, Context, Document, RagError
 
@@ -118,17 +118,14 @@ class LLMContextualizer:
         self.stats.update(chunks=len(chunks), from_cache=len(chunks) - len(todo))
         if todo:
             log.info("contextualize: asking the LLM about %d of %d chunks", len(todo), len(chunks))
-            self.llm.warm_up()
-            # served: 64 chunks per call (concurrent requests; each call's lines recorded before the next)
-            step = 64 if self.llm.resumable else 1
-            groups = [todo[i:i + step] for i in range(0, len(todo), step)]
-            for group in groups:
-                asked = [self.request(by_id[chunks[i].doc_id], chunks[i]) for i in group]
-                answers = self.llm.generate([q for q, _ in asked], [c for _, c in asked])
-                for i, answer in zip(group, answers or []):
-                    found[i] = " ".join(str(answer or "").split())[: self.max_chars]
-                    cache.put_record(CONTEXTS, keys[i], {"line": found[i]})
-                    self.stats["generated"] += 1
+
+            def record(j: int, reply: str) -> None:
+                i = todo[j]
+                found[i] = " ".join(reply.split())[: self.max_chars]
+                cache.put_record(CONTEXTS, keys[i], {"line": found[i]})
+                self.stats["generated"] += 1
+
+            generate_each(self.llm, [self.request(by_id[chunks[i].doc_id], chunks[i]) for i in todo], record)
         out = [found[i] for i in range(len(keys))]
         self.stats["empty"] = sum(1 for line in out if not line)
         return out

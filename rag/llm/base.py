@@ -12,6 +12,7 @@ answer may have, where the generator states it), and what its last `generate` me
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rag.cache import ArtifactCache
@@ -51,6 +52,21 @@ class Generator:
         estimate from the question's and its contexts' characters."""
         chars = [len(q) + sum(len(c.text) for c in ctx) for q, ctx in zip(questions, contexts)]
         return [int(round(n / CHARS_PER_TOKEN)) for n in chars], f"estimated as characters / {CHARS_PER_TOKEN}"
+
+
+def generate_each(llm: Generator, asks: Sequence[tuple[str, list[Context]]], record: Callable[[int, str], None]) -> None:
+    """Asks `llm` each (question, contexts) of `asks` and hands every reply to `record(i, reply)` as
+    it arrives, so that the caller records replies one by one and a killed run keeps what it was
+    answered. Served generators get 64 at a time (their requests run concurrently; a call's replies
+    are recorded before the next call); in-process ones one at a time, because a batch's padding can
+    change a greedy reply."""
+    llm.warm_up()
+    step = 64 if llm.resumable else 1
+    for start in range(0, len(asks), step):
+        group = asks[start:start + step]
+        replies = llm.generate([q for q, _ in group], [c for _, c in group]) or []
+        for i, reply in enumerate(replies):
+            record(start + i, str(reply or ""))
 
 
 class NoGenerator(Generator):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag.cache import ArtifactCache, make_key
-from rag.llm.base import CHARS_PER_TOKEN, Generator
+from rag.llm.base import CHARS_PER_TOKEN, Generator, generate_each
 from rag.reranker.training.templates import structural_questions
 from rag.reranker.training.text import sentences
 from rag.testset.passages import Passages
@@ -154,18 +154,16 @@ class Asker:
                 if not todo:
                     continue
                 log.info("testset: asking the LLM %d %s prompts (%s)", len(todo), step, kind or "own prompt")
-                self.llm.warm_up()
                 tokens, self.usage.token_count = self._tokens([requests[i] for i in todo])
                 self.usage.prompt_tokens += sum(tokens)
-                step_size = 64 if self.llm.resumable else 1
-                for start in range(0, len(todo), step_size):
-                    group = todo[start:start + step_size]
-                    answers = self.llm.generate([requests[i].question for i in group],
-                                                [self._contexts(requests[i]) for i in group]) or []
-                    for i, reply in zip(group, answers):
-                        replies[i] = str(reply or "")
-                        self.cache.put_record(RECORDS[step], self._key(requests[i]), {"reply": replies[i]})
-                        self.usage.requests += 1
+
+                def record(j: int, reply: str) -> None:
+                    i = todo[j]
+                    replies[i] = reply
+                    self.cache.put_record(RECORDS[step], self._key(requests[i]), {"reply": reply})
+                    self.usage.requests += 1
+
+                generate_each(self.llm, [(requests[i].question, self._contexts(requests[i])) for i in todo], record)
         return replies
 
 
