@@ -98,16 +98,15 @@ def main(cfg: DictConfig) -> float:
     try:
         rundir.claim(output_dir, hc.sweep.dir if multirun else None, hc.job.num if multirun else None)
         rundir.write_hydra_record(output_dir, _hydra_record(cfg))
-    except OSError as e:
-        print(f"ragrig: error: {_storage_line(e)}", file=sys.stderr)
-        if multirun:
-            return float("nan")
-        sys.exit(2)
-    except RagError as e:
+    except (OSError, RagError) as e:
         # Another live run owns the directory, or it holds files no ragrig run wrote: write
-        # nothing into it, not even a failure record.
-        print(f"ragrig: error: {e}", file=sys.stderr)
+        # nothing into it, not even a failure record; a sweep's job is recorded as refused in
+        # the sweep's own directory instead, so that the summary counts it as failed.
+        line = str(e) if isinstance(e, RagError) else _storage_line(e)
+        print(f"ragrig: error: {line}", file=sys.stderr)
         if multirun:
+            rundir.record_refused(hc.sweep.dir, hc.job.num, output_dir, redact(line),
+                                  [redact(str(o)) for o in hc.overrides.task])
             return float("nan")
         sys.exit(2)
     from rag.cache import storage_fault
@@ -124,9 +123,9 @@ def main(cfg: DictConfig) -> float:
             # Record the failure and let the other jobs of the sweep run.
             from experiments.tracking import job_failure, write_json
 
-            failure = job_failure(e)
-            failure["message"] = redact(str(failure["message"]))
-            failure["overrides"] = [redact(str(o)) for o in hc.overrides.task]
+            from rag.secrets import redacted_data
+
+            failure = redacted_data({**job_failure(e), "overrides": [str(o) for o in hc.overrides.task]})
             write_json(Path(output_dir) / "failure.json", failure)
             # the terminal is told in one line below; the log keeps the record (and a traceback)
             if isinstance(e, RagError):
@@ -221,7 +220,11 @@ def cli() -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra raise them to us rather than print them
     try:
         main()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        left = getattr(e, "left", None)  # rag.rundir.Unfinished: files were left to finish, and how
+        if left:
+            print(f"ragrig: interrupted; {left}", file=sys.stderr)
+            return 130
         sweep = any(a in ("-m", "--multirun") for a in sys.argv[1:])
         hint = " (the sweep's summary: python -m experiments.compare SWEEP_DIR)" if sweep else ""
         print(f"ragrig: interrupted; nothing half-written was left{hint}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Benchmark families of the harness (see docs/bench.md).
+"""Benchmark families of the harness (see docs/reference/bench.md).
 
 Each is a plain function `bench_<name>(quick: bool, full: bool, **sizes) -> dict` returning its
 raw numbers plus a `table` of rows {measure, value, unit, note}, an `environment` (with the load
@@ -38,6 +38,7 @@ FAMILIES = {
     "grid_sweep": "benchmarks.sweeps:bench_grid_sweep",
     "reranking": "benchmarks.reranking:bench_reranking",
     "demo": "benchmarks.demo:bench_demo",
+    "xdomain": "benchmarks.xdomain:bench_xdomain",
 }
 # Families a plain (quick) run leaves out, because the quick run must stay under 30 minutes on 2
 # cores: ray_encoding needs an optional extra and starts a cluster; generation loads the LLM on
@@ -45,10 +46,12 @@ FAMILIES = {
 # or --only runs them.
 # retrieval_latency embeds the whole `mixed` corpus when its vectors are not cached (~7 min);
 # reranking trains the cross-encoder when it is not cached (~4 min) and reranks 382 questions (~4 min).
-OPT_IN = {"ray_encoding", "generation", "serving", "served_models", "retrieval_latency", "reranking"}
-# The sweep costs and the demo's time run only when named (--only), --full included: `make bench`
-# runs them on their own, into outputs/bench, before the families (outputs/bench/families).
-SWEEPS = {"alpha_sweep", "grid_sweep", "demo"}
+# xdomain runs v1..v4 and three ablations on three corpora (21 runs, ~1 h with an empty cache).
+OPT_IN = {"ray_encoding", "generation", "serving", "served_models", "retrieval_latency", "reranking", "xdomain"}
+# The sweep costs, the demo's time and the cross-domain bed run only when named (--only), --full
+# included: `make bench` runs them on their own (the first two into outputs/bench before the
+# families, outputs/bench/families; xdomain after them, into outputs/bench/xdomain).
+SWEEPS = {"alpha_sweep", "grid_sweep", "demo", "xdomain"}
 
 
 class _Registry(Mapping[str, Callable[..., dict[str, Any]]]):

@@ -177,4 +177,6 @@ def headline(out: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+
+    run_cli(main)

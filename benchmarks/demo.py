@@ -5,7 +5,7 @@ scores restored from the shipped seed (data/seed/), the rest built and generated
 (the same command on that cache). With `full`, also cold without the seed (`paths.seed=null`:
 every vector embedded and every candidate scored, as any other corpus is).
 
-Headline keys, with their targets in docs/bench.md: **demo_cold_s** and **demo_warm_s** (the
+Headline keys, with their targets in docs/reference/bench.md: **demo_cold_s** and **demo_warm_s** (the
 sweep's process wall time, summary, charts and report included) and **rerank_ms_per_question**
 (v3's timed reranking of one question in its latency sample, where every question is scored anew;
 its median over the sample).

@@ -121,12 +121,14 @@ def cache_hits(cache: Any, chunk_set: Any, repeats: int = 5) -> tuple[list[float
     return hits_ms, model_loaded, bool(arts.record["vectors"]["hit"]), info
 
 
-def gemm_gflops(repeats: int = 5) -> float:
-    """float32 matrix-multiply throughput of torch on this machine now (its own threads): the
-    compute ceiling an encoder's dense layers can reach."""
+def gemm_gflops(repeats: int = 5, dtype: str = "float32") -> float:
+    """Matrix-multiply throughput of torch on this machine now (its own threads) in `dtype`
+    (float32, or bfloat16 where the CPU computes it natively): the compute ceiling an encoder's
+    dense layers can reach at that precision."""
     import torch
 
-    a, b = torch.randn(8192, 384), torch.randn(384, 1536)
+    a = torch.randn(8192, 384).to(getattr(torch, dtype))
+    b = torch.randn(384, 1536).to(getattr(torch, dtype))
     a @ b
     ts = []
     for _ in range(repeats):

@@ -4,7 +4,7 @@ cross-encoder) and v3 with `reranker=mmr` (its earlier default) each run as `pyt
 llm=none` on the dev slice and on the held-out set (`qa=heldout`, every question); each v3 is
 compared with v2 question by question (paired bootstrap 95% CIs, Holm over the cells of one
 question set), as `python -m experiments.compare` would. This is the measurement behind the
-README's versions section and docs/cross_encoder.md; it decides v3's default reranker.
+README's versions section and docs/explanation/cross_encoder.md; it decides v3's default reranker.
 
 Opt-in (`--only reranking`): training takes about 3.5 minutes on 2 cores when the model is not
 cached, and reranking 382 questions with the cross-encoder about 2.5 more.

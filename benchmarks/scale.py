@@ -46,7 +46,7 @@ from benchmarks.common import (
 
 SOURCES = ("pubmed", "libc", "pytorch")
 N_QUESTIONS = 150
-# The targets for 10M chunks on this machine (docs/bench.md).
+# The targets for 10M chunks on this machine (docs/reference/bench.md).
 TARGETS = {"peak_rss_mb": 12 * 1024, "hybrid_p50_ms": 50.0, "recall_at_10": 0.95, "build_s": 3600.0}
 # IVF cells per size: fewer than sqrt(n) at 10M, as k-means over 4096 cells (25 iterations on a
 # 1M-row sample) and assigning 10M rows to them would take most of the build on 2 cores.

@@ -15,7 +15,7 @@ document id and character offsets, so a new chunker never invalidates a label:
   ranking against the labels as qrels. The ideal ranking is the labels sorted by grade: it does
   not depend on the chunker, so scores of different chunkings of the same corpus compare.
 
-See docs/metrics.md for the reasoning and the corner cases.
+See docs/reference/metrics.md for the reasoning and the corner cases.
 """
 from __future__ import annotations
 

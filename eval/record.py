@@ -9,28 +9,68 @@ file's keys are named here and nowhere else.
 `to_json` writes the keys in the order runs have always written them (per_question.jsonl stays the
 same bytes for the same run): `id`, `question`, `ground_truth`, `source`, `corpus`, `labels`,
 `provenance`, `retrieved`, `answer`, the metrics, `judge` and the `judge_<metric>` values,
-`latency_ms`, `routed`, `generation`, `contexts`. A key the run did not produce (no answer, no
-router, no generation details, no provenance for a question written by a person, and everything
-the pipeline adds, on a record only scored) is left out rather than written as null. `from_json`
+`latency_ms`, `routed`, `route_margin`, `route_filtered`, `generation`, `contexts`. A key the run
+did not produce (no answer, no router, no generation details, no provenance for a question written
+by a person, and everything the pipeline adds, on a record only scored) is left out rather than
+written as null. `from_json`
 also reads the files of older runs and of hand-made fixtures: a field they lack is None (an empty
 list for `labels` and `retrieved`); only `id` is required, and in a retrieved chunk what every run
 has written.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from rag.types import Relevance
+from rag.reply import BadReply, decode_reply
+from rag.types import RagError, Relevance
 
 # The keys of a record that are not metrics; every other key holding a number or null is one.
 STRUCTURE = ("id", "question", "ground_truth", "source", "corpus", "labels", "provenance", "retrieved", "answer",
-             "judge", "latency_ms", "routed", "generation", "contexts")
+             "judge", "latency_ms", "routed", "route_margin", "route_filtered", "generation", "contexts")
 LATENCY_STAGES = ("retrieve", "rerank", "generate", "route")
 HIT_FIELDS = ("rank", "chunk_id", "doc_id", "score", "sim_to_truth", "relevant", "grade", "relevant_label", "text")
 HIT_REQUIRED = ("rank", "chunk_id", "doc_id", "score", "text")
 GENERATION_FIELDS = ("usage", "finish_reason", "served_model", "attempts", "from_earlier_run")
+
+
+def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """The objects of a per_question.jsonl, one at a time, read strictly: the one reader of the
+    file (the gate, compare, aggregate, pooling, validation and the Python API go through it).
+    ragrig writes no `NaN` or `Infinity` (rag.strict_json), so such a token, a number too large for
+    a float, or a line that is not a JSON object is a file ragrig did not write as it is: RagError
+    `unreadable per_question.jsonl, line 2: ...`, never a value that compares as a win or a
+    question dropped for want of one. Blank lines are skipped."""
+    name = Path(path).name
+    try:
+        with open(path, "rb") as fh:  # lines end at \n only: an answer may hold U+2028
+            for lineno, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise RagError(f"unreadable {name}, line {lineno}: not UTF-8 ({e.reason})") from None
+                if line.strip():
+                    yield _line(line, name, lineno)
+    except OSError as e:
+        raise RagError(f"unreadable {name}: {e.strerror or e}") from None
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """Every object of a per_question.jsonl (`iter_lines`)."""
+    return list(iter_lines(path))
+
+
+def _line(line: str, name: str, lineno: int) -> dict[str, Any]:
+    try:
+        row = decode_reply(line)
+    except (BadReply, ValueError) as e:
+        raise RagError(f"unreadable {name}, line {lineno}: {e}") from None
+    if not isinstance(row, dict):
+        raise RagError(f"unreadable {name}, line {lineno}: a per-question record is a JSON object, "
+                       f"not {type(row).__name__}")
+    return row
 
 
 def _mapping(doc: Any, what: str) -> Mapping[str, Any]:
@@ -179,7 +219,9 @@ class QuestionRecord:
     metrics: dict[str, float | None] = field(default_factory=dict)  # None: the question lacks what it needs
     judge: dict[str, JudgedMetric] = field(default_factory=dict)  # by judge metric (without "judge_")
     latency_ms: QuestionLatency | None = None  # None: not recorded (a record only scored)
-    routed: list[str] | None = None  # the group tags a router sent the question to
+    routed: list[str] | None = None  # the group tags a router picked for the question
+    route_margin: float | None = None  # the pick's score over the runner-up's (rag.retriever.routing)
+    route_filtered: bool | None = None  # whether the search was filtered to the pick (else: every group)
     generation: Generation | None = None
     contexts: list[GivenContext] | None = None  # None: not recorded (a record only scored)
     extra: dict[str, Any] = field(default_factory=dict)  # keys this code does not know, kept as read
@@ -212,7 +254,7 @@ class QuestionRecord:
             metrics={k: v for k, v in rest.items() if _is_value(v)},
             judge={m: JudgedMetric(v, doc.get(f"judge_{m}")) for m, v in judged.items()},
             latency_ms=None if lat is None else QuestionLatency.from_json(lat),
-            routed=doc.get("routed"),
+            routed=doc.get("routed"), route_margin=doc.get("route_margin"), route_filtered=doc.get("route_filtered"),
             generation=None if gen is None else Generation.from_json(gen),
             contexts=None if ctx is None else [GivenContext.from_json(c) for c in ctx],
             extra={k: v for k, v in rest.items() if not _is_value(v)},
@@ -237,6 +279,10 @@ class QuestionRecord:
             doc["latency_ms"] = self.latency_ms.to_json()
         if self.routed is not None:
             doc["routed"] = self.routed
+        if self.route_margin is not None:
+            doc["route_margin"] = self.route_margin
+        if self.route_filtered is not None:
+            doc["route_filtered"] = self.route_filtered
         if self.generation is not None:
             doc["generation"] = self.generation.to_json()
         if self.contexts is not None:

@@ -33,21 +33,23 @@ log = logging.getLogger(__name__)
 RECORD = "relevance_grade"
 GRADES = (0, 1, 2, 3)
 SOURCE = "llm"
-_FINAL = re.compile(r"final\s*score\W*([0-3])\b", re.I)
-_DIGIT = re.compile(r"(?<![\d.])([0-9]+)(?![\d.])")
+# A number as a reply writes it, read whole so that no part of it passes for a grade: a sign, a
+# fraction, an exponent, a ratio and letters glued to it ("-1", "2.5", "1e3", "1/3", "2nd") belong
+# to it. It starts where no word, sign, point or slash stands before it ("score-1" holds none).
+_NUMBER = r"(?<![\w.+\-/\u2212])([-+\u2212]?\d+(?:[.,]\d+)?(?:[eE][-+]?\d+)?(?:/[-+]?\d+(?:\.\d+)?)?[\w%]*)"
+_FINAL = re.compile(r"final\s*score\W*?" + _NUMBER, re.I)
+_FIRST = re.compile(_NUMBER)
 
 
 def parse_grade(reply: str | None) -> int | None:
-    """The grade of a reply: the digit after "final score", else the reply's first number when it is
-    0-3; None when there is none (the pair stays unjudged)."""
+    """The grade of a reply: the number after "final score", else the reply's first number, when it
+    is a whole number 0-3 ("2", "Grade: 2", "2." at a sentence's end); None otherwise ("-1", "2.5",
+    "1e3", "1/3", "10" or no number: the pair stays unjudged, never graded by a piece of a number)."""
     text = reply or ""
-    m = _FINAL.search(text)
-    if m:
-        return int(m.group(1))
-    first = _DIGIT.search(text)
-    if first and int(first.group(1)) in GRADES:
-        return int(first.group(1))
-    return None
+    m = _FINAL.search(text) or _FIRST.search(text)
+    if m is None or m.group(1) not in ("0", "1", "2", "3"):
+        return None
+    return int(m.group(1))
 
 
 @dataclass
@@ -118,7 +120,7 @@ class RelevanceJudge:
                 cache.put_record(RECORD, asked[i], {"reply": reply})
 
             generate_each(self.llm, [(q, [Context(p)]) for q, p in todo.values()], record)
-        grades = {k: parse_grade(r) for k, r in replies.items()}
+        grades = {k: parse_grade(replies.get(k)) for k in (*replies, *todo)}  # a withheld reply: unjudged
         return Grades(per_question=[[grades[k] for k in ks] for ks in keys], pairs=pairs, asked=len(todo),
                       unjudged=sum(g is None for g in grades.values()))
 

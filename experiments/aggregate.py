@@ -5,7 +5,8 @@ multirun job whose pipeline raised); a Hydra output directory (`.hydra/`) with n
 as failed too (the run never finished: killed, crashed, or a single run that exited on an error). Sweep directories and
 any parents of run directories are accepted, and runs from different days can be mixed. Under a
 stamped sweep directory (rag.rundir), only the jobs of its latest sweep count: job directories
-left there by an earlier sweep into the same `hydra.sweep.dir` are skipped.
+left there by an earlier sweep into the same `hydra.sweep.dir` are skipped, and a job the sweep
+recorded as refused its directory (a user's file there, or another run in it) is a failed run.
 
 `python -m experiments.aggregate RUN_DIR_OR_PARENT...` prints a markdown table, one row per run;
 `python -m experiments.compare ...` builds the full report (summary.csv/md and charts).
@@ -26,9 +27,11 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from eval.record import iter_lines, read_lines
 from experiments import metric_info as MI
 from rag.result import RunResult
-from rag.rundir import belongs_to_sweep, read_sweep_stamp
+from rag.rundir import belongs_to_sweep, read_sweep_stamp, refused_jobs
+from rag.types import RagError
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +72,7 @@ class RunRecord:
             f = self.path / PER_QUESTION_FILE
             rows: list[dict[str, Any]] = []
             if f.exists():
-                with open(f, encoding="utf-8") as fh:
-                    rows = [json.loads(line) for line in fh if line.strip()]
+                rows = read_lines(f)  # strictly: load_run has refused a run whose file does not read
             self._per_question = rows
         return self._per_question
 
@@ -182,20 +184,49 @@ def _check_per_question(f: Path) -> str | None:
     if not f.exists():
         return None
     try:
-        with open(f, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        json.loads(line)
-                    except ValueError as e:
-                        return f"unreadable {PER_QUESTION_FILE}, line {lineno}: {e}"
-    except (OSError, UnicodeDecodeError) as e:
-        return f"unreadable {PER_QUESTION_FILE}: {e}"
+        for _ in iter_lines(f):  # (read as every reader reads it: NaN and Infinity are refused)
+            pass
+    except RagError as e:
+        return str(e)
     return None
 
 
 def load_records(paths: list[Path] | list[str]) -> list[RunRecord]:
-    return [load_run(p) for p in find_run_dirs(paths)]
+    found = find_run_dirs(paths)
+    return with_refused([load_run(p) for p in found], refused_records(paths, found))
+
+
+def with_refused(records: list[RunRecord], refused: list[RunRecord]) -> list[RunRecord]:
+    """`records` with each refused job in its place among the jobs of its sweep (job 2 before
+    job 10), or after them all."""
+    out = list(records)
+    for r in refused:
+        same = [i for i, x in enumerate(out) if x.path.parent == r.path.parent]
+        later = [i for i in same if _natural_key(out[i].path) > _natural_key(r.path)]
+        out.insert(later[0] if later else (same[-1] + 1 if same else len(out)), r)
+    return out
+
+
+def refused_records(paths: list[Path] | list[str], found: list[Path]) -> list[RunRecord]:
+    """The jobs a sweep recorded as refused their directories (rag.rundir.record_refused: a
+    user's file there, or another run in it), as failed runs: their directories hold nothing of
+    theirs to read. Looked for in each path given and in the sweep directory of each run found."""
+    known = {d.resolve() for d in found}
+    sweeps = dict.fromkeys(Path(p) for p in [*paths, *(d.parent for d in found)])
+    out = []
+    for sweep in sweeps:
+        for r in refused_jobs(sweep):
+            job_dir = Path(str(r.get("dir") or sweep))
+            if job_dir.resolve() in known:  # refused after its directory was claimed: it is found already
+                continue
+            known.add(job_dir.resolve())
+            job = r.get("job")
+            out.append(RunRecord(path=job_dir, status="failed",
+                                 failure={"error_type": str(r.get("error_type") or "Refused"),
+                                          "message": str(r.get("message") or "")},
+                                 overrides=[str(o) for o in r.get("overrides") or []],
+                                 job_num=job if isinstance(job, int) else None, sweep_dir=sweep))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,4 +457,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+
+    run_cli(main)

@@ -8,8 +8,13 @@ run for the sweep when tracking is on. It is imported for every run, so it impor
 until a multirun ends.
 
 `on_run_start` and `on_multirun_start` refuse a secret-looking value (rag.secrets) before Hydra
-writes anything. `on_multirun_start` stamps the sweep directory with a fresh id (rag.rundir): the summary covers
-exactly the jobs of this multirun, also in a reused `hydra.sweep.dir`. `sweep_exit_status()` is
+writes anything. `on_multirun_start` (which Hydra calls before its sweeper writes multirun.yaml)
+then claims the sweep directory (`claim_sweep_dir`): a file there the sweep would replace that no
+ragrig sweep wrote (a user's multirun.yaml or summary.md, a link for charts/) and a directory
+another sweep holds are refused in one line, exit status 2, before anything is written; the
+directory stays locked until the sweep ends. It stamps the sweep directory with a fresh id
+(rag.rundir): the summary covers exactly the jobs of this multirun, also in a reused
+`hydra.sweep.dir`, and lists a job refused its directory as failed. `sweep_exit_status()` is
 what run.py exits with after a multirun: 1 when every job failed (or, with `report.fail_on=any`,
 when any job failed), else 0.
 """
@@ -71,6 +76,7 @@ class SweepSummaryCallback(Callback):
         global _exit_status
         _exit_status = 0
         refuse_secrets(config)
+        claim_sweep_dir(Path(str(config.hydra.sweep.dir)))
         write_sweep_stamp(str(config.hydra.sweep.dir))
         try:
             tracker = _tracker(config)
@@ -80,8 +86,16 @@ class SweepSummaryCallback(Callback):
             log.warning("tracking: could not start the sweep's run (%s: %s)", type(e).__name__, e)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        global _exit_status
+        from rag.rundir import unlock_sweep
+
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            self._end(config, sweep_dir)
+        finally:
+            unlock_sweep(sweep_dir)
+
+    def _end(self, config: DictConfig, sweep_dir: Path) -> None:
+        global _exit_status
         if config.get("dry_run") or OmegaConf.select(config, "llm.dry_run", default=False):
             _exit_status = report_dry_sweep(sweep_dir)
             return
@@ -96,6 +110,36 @@ class SweepSummaryCallback(Callback):
                 tracker.end_sweep(sweep_dir, files)
         except Exception as e:  # noqa: BLE001
             log.warning("tracking: could not close the sweep's run (%s: %s)", type(e).__name__, e)
+
+
+def claim_sweep_dir(sweep_dir: Path) -> None:
+    """Refuses the sweep (one line, exit status 2) when `sweep_dir` holds a file the sweep would
+    replace that no ragrig sweep or report wrote there (rag.rundir.foreign_sweep_file,
+    foreign_report_file), or another sweep holds it; else locks it for this process. Called before
+    Hydra writes multirun.yaml, so a refused sweep writes nothing; SystemExit, since Hydra turns a
+    callback's exceptions into warnings and carries on."""
+    import sys
+
+    from rag.rundir import foreign_line, foreign_report_file, foreign_sweep_file, lock_sweep
+    from rag.types import RagError
+
+    try:
+        if sweep_dir.is_dir():  # read only: a refused directory gets not even a lock file
+            name = foreign_sweep_file(sweep_dir)
+            if name is not None:
+                why = (f"{sweep_dir / name} is a link, which a ragrig sweep never writes" if (sweep_dir / name).is_symlink()
+                       else f"{sweep_dir / name} was not written by a ragrig sweep")
+                raise RagError(f"{why}; the sweep would replace it: move it, or give the sweep a new hydra.sweep.dir")
+            name = foreign_report_file(sweep_dir)
+            if name is not None:
+                raise RagError(f"{foreign_line(sweep_dir, name)}: move it, or give the sweep a new hydra.sweep.dir")
+        lock_sweep(sweep_dir)
+    except RagError as e:
+        print(f"ragrig: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as e:  # the directory cannot be made or locked: Hydra would fail on it next, less clearly
+        print(f"ragrig: error: hydra.sweep.dir {sweep_dir}: {e.strerror or e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def refuse_secrets(config: DictConfig) -> None:
@@ -154,8 +198,16 @@ def write_sweep_summary(sweep_dir: Path, settings: dict[str, Any] | None = None)
             title=f"Sweep summary: {sweep_dir.name}",
             html=bool(s.get("html", True)),
             **({"max_context_chars": int(s["max_context_chars"])} if s.get("max_context_chars") else {}),
+            min_effect=dict(s.get("min_effect") or {}),
         )
-        rep = build_report(records, sweep_dir, rs, source=f"Sweep directory: `{sweep_dir}`")
+        try:
+            rep = build_report(records, sweep_dir, rs, source=f"Sweep directory: `{sweep_dir}`")
+        except KeyboardInterrupt:
+            from rag.rundir import Unfinished
+
+            raise Unfinished(f"the sweep's report in {sweep_dir} was left unfinished (its marker lists what it "
+                             f"wrote, so the next sweep there replaces it); the whole report: "
+                             f"python -m experiments.compare {sweep_dir}") from None
         n_failed = int((rep.frame["status"] != "ok").sum())
         log.info("sweep summary: %d jobs (%d failed) -> %s", len(rep.frame), n_failed, sweep_dir / "summary.md")
         print(f"sweep summary: {len(rep.frame)} jobs ({n_failed} failed)")
@@ -175,9 +227,9 @@ def pool_sweep(sweep_dir: Path) -> None:
     """eval.relevance=llm: every run scored again on the labels of all runs' judged chunks
     (experiments/pooling.py), before the summary reads them."""
     from experiments.aggregate import find_run_dirs
-    from experiments.pooling import pool_runs
+    from experiments.pooling import finish_command, pool_runs
 
-    pool_runs(find_run_dirs([sweep_dir]))
+    pool_runs(find_run_dirs([sweep_dir]), finish_command([sweep_dir]))
 
 
 def judge_sweep(sweep_dir: Path, fail_on: str) -> int:

@@ -22,12 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.aggregate import RunRecord, find_run_dirs, load_run
+from experiments import metric_info as MI
+from experiments.aggregate import RunRecord, find_run_dirs, load_run, refused_records, with_refused
 from experiments.report import ReportSettings
 from experiments.report_files import build_report, foreign_in_out
 from rag.cli import HelpFormatter, positive_int, run_cli, seed_int
 from rag.schema import CHART_FORMATS
-from rag.rundir import remove_report
+from rag.rundir import pooling_pending, remove_report
+from rag.types import RagError
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "outputs" / "compare"
 
@@ -52,6 +54,25 @@ def chart_formats(text: str) -> tuple[str, ...]:
     if bad or not formats:
         raise argparse.ArgumentTypeError(f"unknown chart format(s) {bad or text!r}; choose from {', '.join(CHART_FORMATS)}")
     return formats
+
+
+def min_effect(text: str) -> tuple[str, str | float]:
+    """METRIC=VALUE: the smallest difference of METRIC that matters (report.min_effect)."""
+    name, sep, value = text.partition("=")
+    parsed: str | float = value.strip()
+    try:
+        parsed = float(value)
+    except ValueError:
+        pass
+    try:
+        if not sep or not name.strip():
+            raise RagError(f"METRIC=VALUE expected (ndcg_at_k=0.02, latency_ms=20%), got {text!r}")
+        if MI.resolve(name.strip()) not in MI.METRICS:
+            raise RagError(f"no such metric {name.strip()!r}; known: {', '.join(MI.METRICS)}")
+        MI.min_effect_setting(name.strip(), parsed)
+    except RagError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name.strip(), parsed
 
 
 def publish(tmp: Path, out: Path) -> None:
@@ -84,6 +105,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-html", action="store_true", help="no report.html")
     parser.add_argument("--max-context-chars", type=positive_int, default=1200,
                         help="report.html: longest context text kept, around its matching span")
+    parser.add_argument("--min-effect", type=min_effect, action="append", default=[], metavar="METRIC=VALUE",
+                        help="the smallest difference of METRIC that is a win or a loss, in its unit or as N%% of "
+                             "the baseline's mean (report.min_effect; repeatable; default: docs/reference/metrics.md)")
     return parser
 
 
@@ -109,7 +133,7 @@ def runs_in(paths: list[Path]) -> list[RunRecord]:
                                     "give run directories, sweep directories or their parents")
         for d in dirs:
             found.setdefault(d.resolve(), d)
-    return [load_run(d) for d in found.values()]
+    return with_refused([load_run(d) for d in found.values()], refused_records(paths, list(found.values())))
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -117,6 +141,10 @@ def compare(args: argparse.Namespace) -> int:
         records = runs_in(args.runs)
     except FileNotFoundError as e:
         print(f"compare: error: {e}", file=sys.stderr)
+        return 2
+    pending = next(filter(None, (pooling_pending(r.path) for r in records)), None)
+    if pending is not None:  # its figures would contradict the tables built from its questions
+        print(f"compare: error: {pending}", file=sys.stderr)
         return 2
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         print(f"compare: error: --out {args.out} is a file, not a directory", file=sys.stderr)
@@ -145,6 +173,7 @@ def compare(args: argparse.Namespace) -> int:
         title=args.title,
         html=not args.no_html,
         max_context_chars=args.max_context_chars,
+        min_effect=dict(args.min_effect),
     )
     source = "Runs: " + ", ".join(f"`{p}`" for p in args.runs)
     try:

@@ -125,9 +125,17 @@ def run_values(path: Path, metric: str) -> dict[str, float | None]:
     if not (path / "metrics.json").exists() and not (path / "failure.json").exists():
         raise RagError(f"{path}: not a run directory (no metrics.json); give a run's or a sweep job's directory, "
                        "or a TREC run file with --qrels")
+    from rag.rundir import pooling_pending
+
+    pending = pooling_pending(path)
+    if pending is not None:
+        raise RagError(pending)
     rec = load_run(path)
+    failure = rec.failure or {}
+    if not rec.ok and failure.get("error_type") == "CorruptResults":  # finished, but its files do not read
+        raise RagError(f"{path}: {failure.get('message')}")
     if not rec.ok:
-        raise RagError(f"{path}: the run did not finish ({(rec.failure or {}).get('message', 'failed')})")
+        raise RagError(f"{path}: the run did not finish ({failure.get('message', 'failed')})")
     if not (path / PER_QUESTION_FILE).is_file():
         raise RagError(f"{path / PER_QUESTION_FILE}: no such file; the gate pairs the runs question by question, "
                        f"and a run's per-question metrics are only there (metrics.json holds their means)")
@@ -146,7 +154,8 @@ def scored_metrics(rows: list[dict]) -> list[str]:
                    if k != "id" and isinstance(v, (int, float)) and not isinstance(v, bool) and has_value(v)})
 
 
-def _trec_lines(path: Path, fields: int, what: str) -> list[list[str]]:
+def _trec_lines(path: Path, fields: int, what: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of each line of a TREC file that is not blank."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -158,26 +167,31 @@ def _trec_lines(path: Path, fields: int, what: str) -> list[list[str]]:
         parts = line.split()
         if len(parts) != fields:
             raise RagError(f"{path}:{lineno}: a {what} line has {fields} fields, this one has {len(parts)}: {line.strip()[:80]!r}")
-        rows.append(parts)
+        rows.append((lineno, parts))
     if not rows:
         raise RagError(f"{path}: the {what} is empty")
     return rows
 
 
 def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    """A TREC qrels file; its grades bounded as every label's (rag.types.MAX_GRADE), negative ones
+    (TREC's "junk") included."""
+    from rag.types import MAX_GRADE, check_grade
+
     qrels: dict[str, dict[str, int]] = {}
-    for lineno, (qid, _, doc, grade) in enumerate(_trec_lines(path, 4, "qrels file"), 1):
+    for lineno, (qid, _, doc, grade) in _trec_lines(path, 4, "qrels file"):
         try:
-            qrels.setdefault(qid, {})[doc] = int(grade)
+            value = int(grade)
         except ValueError:
             raise RagError(f"{path}: a qrels grade must be an integer, got {grade!r} (question {qid})") from None
+        qrels.setdefault(qid, {})[doc] = check_grade(value, f"{path}:{lineno}: the grade", lo=-MAX_GRADE)
     return qrels
 
 
 def read_run(path: Path) -> dict[str, list[str]]:
     """Question id -> document ids, best first (by score, then rank, as trec_eval reads them)."""
     scored: dict[str, list[tuple[float, int, str]]] = {}
-    for qid, _, doc, rank, score, _tag in _trec_lines(path, 6, "TREC run file"):
+    for _, (qid, _, doc, rank, score, _tag) in _trec_lines(path, 6, "TREC run file"):
         try:
             scored.setdefault(qid, []).append((-float(score), int(rank), doc))
         except ValueError:

@@ -182,9 +182,25 @@ def sample_notes(records: list[RunRecord]) -> list[str]:
     return [line if len(names) == len(ok) else f"{line}: {', '.join(names)}" for line, names in runs.items()]
 
 
+def stopped_notes(records: list[RunRecord]) -> list[str]:
+    """Each run's answers that stopped at the token limit (metrics.json `stopped_answers`), once
+    per distinct line, the runs named when not every run has it: cut-off answers score worse, and a
+    report says so beside its answer metrics."""
+    from rag.llm.base import Stopped
+
+    ok = [r.result for r in records if r.ok and r.result is not None]
+    runs: dict[str, list[str]] = {}
+    for r in records:
+        entry = r.result.stopped_answers if r.ok and r.result is not None else None
+        if entry and entry.get("stopped"):
+            runs.setdefault(Stopped.from_json(entry).line(), []).append(r.variant)
+    return [line if len(names) == len(ok) else f"{line}: {', '.join(names)}" for line, names in runs.items()]
+
+
 def _significance_class(c: Any) -> str:
-    """A compared cell's CSS class: better or worse where significant after correction."""
-    if not c["significant"]:
+    """A compared cell's CSS class: better or worse where significant after correction and at
+    least the smallest difference that matters."""
+    if not c["significant"] or not c.get("matters", True):
         return ""
     return "better" if c["better"] else "worse"
 
@@ -239,7 +255,8 @@ def render_html(rep: Report, records: list[RunRecord]) -> str:
         served=served_rows(rep),
         best=None if best is None else {"label": best["label"], "value": MI.fmt(rep.objective, best[rep.objective])},
         n_questions=len(data["questions"]), context_limit=data["context_limit"], lower_note=MI.LOWER_NOTE,
-        samples=sample_notes(records), provenance=rep.provenance.page_lines(),
+        samples=sample_notes(records), stopped=stopped_notes(records), provenance=rep.provenance.page_lines(),
+        fitted=rep.fitted.lines(), routing=rep.routing,
         data_json=payload, css=(TEMPLATES / "report.css").read_text(encoding="utf-8"),
         js=(TEMPLATES / "report.js").read_text(encoding="utf-8"), esc=html.escape,
     )

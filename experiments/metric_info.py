@@ -1,6 +1,6 @@
 """What each metric is called, which way is better, what it needs and what it means: the one
 table the terminal, the summary, the report, the charts, the verdict and the gate read, and the
-source of the metric reference in docs/metrics.md (`python -m experiments.metric_info --markdown`).
+source of the metric reference in docs/reference/metrics.md (`python -m experiments.metric_info --markdown`).
 
 A metric's key (metrics.json `metrics`, per_question.jsonl, summary.csv, comparison.csv) never
 changes: files are a contract. Its label is what every printed table, sentence and chart calls it,
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ LATENCY_EXCLUDED_STAGES = ("generate",)
 
 _ANSWER = "a ground-truth answer (the question's `answer`)"
 _GENERATED = "a generated answer (any `llm` but `none`) and a ground-truth answer"
+_DOC_ID = "the question's `doc_id` (the id of the document that holds its answer)"
 _UNANSWERED = ("the question was not answered (`llm=none`, or outside the answered sample "
                "`slice.answer_questions_per_corpus`) or has no ground-truth answer")
 
@@ -52,10 +54,14 @@ class MetricInfo:
     span: tuple[float, float] | None = (0.0, 1.0)  # the values a question can take; None: unbounded
     aliases: tuple[str, ...] = ()  # more spellings `resolve` accepts, besides the key and the label
     where: str = "metrics.json `metrics` and `by_corpus`; per_question.jsonl"
+    # The smallest difference that matters (report.min_effect): a smaller one, however significant,
+    # is no win or loss. In the metric's unit, or a share of the baseline's mean, whichever is larger.
+    min_effect: float = 0.01
+    min_effect_share: float = 0.0
 
 
 _SIM = "cosine of the fixed evaluation embedder's vectors"
-SIM_FAMILY = "similarity (the product spec's)"
+SIM_FAMILY = "similarity to the answer"
 ID_FAMILY = "source id"
 LABEL_FAMILY = "relevance labels (IR)"
 METRICS: dict[str, MetricInfo] = {
@@ -89,14 +95,14 @@ METRICS: dict[str, MetricInfo] = {
         threshold="exact match of document ids (no threshold)",
         high="the right document is found for most questions",
         low="retrieval lands in other documents",
-        family=ID_FAMILY, needs="the question's `source` document id", null_when="the question has no `source`"),
+        family=ID_FAMILY, needs=_DOC_ID, null_when="the question has no `doc_id`"),
     "mrr_id": MetricInfo(
         "MRR (source id)", "mean reciprocal rank, 0–1",
         formula="1 / rank of the first chunk from the question's source document; 0 if none in the top {k}",
         threshold="exact match of document ids (no threshold)",
         high="the source document's chunks rank first",
         low="the source document is missing or ranked low",
-        family=ID_FAMILY, needs="the question's `source` document id", null_when="the question has no `source`"),
+        family=ID_FAMILY, needs=_DOC_ID, null_when="the question has no `doc_id`"),
     "answer_gt": MetricInfo(
         "answer–truth similarity", "cosine similarity, −1–1",
         formula="sim(E(A), E(G)) (A: the generated answer; " + _SIM + ")",
@@ -130,7 +136,7 @@ METRICS: dict[str, MetricInfo] = {
         threshold="relevance labels (graded; a span label is found by a chunk that overlaps it)",
         high="labelled documents or spans are found, and found first",
         low="labelled documents or spans are missing or ranked low",
-        family=LABEL_FAMILY, needs="relevance labels (`relevant`), or a `source` (one label of grade 1)",
+        family=LABEL_FAMILY, needs="relevance labels (`relevant`), or a `doc_id` (one label of grade 1)",
         null_when="the question has no label of grade ≥ 1", aliases=("ndcg_cut",)),
     "recall_at_k_label": MetricInfo(
         "recall@{k} (labels)", "share of a question's labels, 0–1",
@@ -138,7 +144,7 @@ METRICS: dict[str, MetricInfo] = {
         threshold="relevance labels (grade > 0)",
         high="most labelled evidence is retrieved",
         low="most labelled evidence is missed",
-        family=LABEL_FAMILY, needs="relevance labels (`relevant`), or a `source` (one label of grade 1)",
+        family=LABEL_FAMILY, needs="relevance labels (`relevant`), or a `doc_id` (one label of grade 1)",
         null_when="the question has no label of grade ≥ 1"),
     "map_at_k": MetricInfo(
         "MAP@{k}", "0–1",
@@ -146,7 +152,7 @@ METRICS: dict[str, MetricInfo] = {
         threshold="relevance labels (grade > 0)",
         high="labelled units are found and ranked above unlabelled ones",
         low="labelled units are missing or buried",
-        family=LABEL_FAMILY, needs="relevance labels (`relevant`), or a `source` (one label of grade 1)",
+        family=LABEL_FAMILY, needs="relevance labels (`relevant`), or a `doc_id` (one label of grade 1)",
         null_when="the question has no label of grade ≥ 1", aliases=("map_cut",)),
     "judge_faithfulness": MetricInfo(
         "faithfulness (judge)", "share of measured questions, 0–1",
@@ -174,14 +180,15 @@ METRICS: dict[str, MetricInfo] = {
         high="slow retrieval (e.g. a reranker's cost)", low="fast retrieval",
         family="cost", needs="the run's latency sample (`eval.latency`)",
         null_when="the question is outside the timed sample (`eval.latency.sample`)", span=None,
-        aliases=("latency", "retrieval latency (ms)"),
+        aliases=("latency", "retrieval latency (ms)"), min_effect=1.0, min_effect_share=0.1,
         where="derived by the report from per_question.jsonl `latency_ms` (ms per stage); summary.csv, "
               "comparison.csv"),
 }
 
 
 def info(name: str) -> MetricInfo:
-    return METRICS.get(name) or MetricInfo(name, span=None)
+    """A metric's entry; one the table does not list has no range and no smallest difference that matters."""
+    return METRICS.get(name) or MetricInfo(name, span=None, min_effect=0.0)
 
 
 def lower_is_better(name: str) -> bool:
@@ -227,6 +234,61 @@ def width(name: str) -> float | None:
     """The largest possible difference between two runs' means (None: unbounded)."""
     span = info(name).span
     return None if span is None else span[1] - span[0]
+
+
+def min_effect_setting(key: str, value: Any) -> tuple[float, float]:
+    """One `report.min_effect` value as (in the metric's unit, share of the baseline's mean): a
+    number such as 0.02 (or 5 for latency, in ms), or a percentage such as "10%". A bad one is one
+    RagError line naming `key`."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            share = float(value.strip()[:-1]) / 100
+        except ValueError:
+            share = float("nan")
+        if math.isfinite(share) and share >= 0:
+            return 0.0, share
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value), 0.0
+    raise RagError(f"{key} must be a difference >= 0 in the metric's unit (0.02, or 5 for ms) or a share of "
+                   f"the baseline's mean (\"10%\"), got {value!r}")
+
+
+def min_effects(settings: Any, key: str = "report.min_effect") -> dict[str, tuple[float, float]]:
+    """`report.min_effect` (metric -> value; a metric by key or label) as metric key -> (in the
+    metric's unit, share); a name that is no metric is one RagError line."""
+    if settings in (None, {}):
+        return {}
+    if not isinstance(settings, Mapping):
+        raise RagError(f"{key} must be a mapping of metric to smallest difference, e.g. "
+                       f"{{ndcg_at_k: 0.02, latency_ms: \"10%\"}}, got {settings!r}")
+    out = {}
+    for name, value in settings.items():
+        metric = resolve(str(name))
+        if metric not in METRICS:
+            raise RagError(f"{key}.{name}: no such metric; known: {', '.join(METRICS)}")
+        out[metric] = min_effect_setting(f"{key}.{name}", value)
+    return out
+
+
+def min_effect(name: str, baseline_mean: float | None = None,
+               settings: Mapping[str, tuple[float, float]] | None = None) -> float:
+    """The smallest difference of `name` that matters against a baseline with this mean: the
+    metric's own (metric_info; `report.min_effect` replaces it), in its unit or as a share of the
+    baseline's mean, whichever is larger (latency: 1 ms or 10%)."""
+    i = info(name)
+    absolute, share = (settings or {}).get(name, (i.min_effect, i.min_effect_share))
+    base = abs(float(baseline_mean)) if baseline_mean is not None and math.isfinite(float(baseline_mean)) else 0.0
+    return max(absolute, share * base)
+
+
+def min_effect_words(name: str) -> str:
+    """'0.01', '1 ms or 10% of the baseline's mean, whichever is larger': the default, in words."""
+    i = info(name)
+    unit = " ms" if name == LATENCY else ""
+    absolute = f"{i.min_effect:g}{unit}"
+    if not i.min_effect_share:
+        return absolute
+    return f"{absolute} or {i.min_effect_share:.0%} of the baseline's mean, whichever is larger"
 
 
 def undetectable(name: str, mde: float) -> bool:
@@ -304,20 +366,21 @@ def fmt_unit(name: str, value: Any, signed: bool = False, seconds: bool | None =
 
 # ---- the reference page --------------------------------------------------------------------------
 
-BEGIN = "<!-- metric reference: generated by `python -m experiments.metric_info --write docs/metrics.md`; edit METRICS, not this -->"
+BEGIN = "<!-- metric reference: generated by `python -m experiments.metric_info --write docs/reference/metrics.md`; edit METRICS, not this -->"
 END = "<!-- end of the generated metric reference -->"
 
 READING = """\
 ### How to read the verdict
 
-- **Two recall@k and two MRRs.** `recall@k (sim)` and `MRR (sim)` are the product spec's
-  similarity metrics: a chunk counts when its embedding is within τ of the ground-truth answer's.
+- **Two recall@k and two MRRs.** `recall@k (sim)` and `MRR (sim)` are the similarity metrics,
+  ragrig's first: a chunk counts when its embedding is within τ of the ground-truth answer's.
   `recall@k (labels)` and `MRR (source id)` are the information-retrieval ones: a chunk counts
   when it matches a relevance label or comes from the question's source document. They answer
   different questions and often disagree; the label is printed with its family everywhere
   (terminal, summary.md, report.html, charts), and the gate accepts the key or the label.
 - **▲ is better, ▼ is worse**, in the metric's own direction, and only where the difference is
-  significant after Holm's correction over every compared (run, metric) cell. A fall in a
+  significant after Holm's correction over every compared (run, metric) cell and at least the
+  smallest difference that matters (each card above; `report.min_effect`). A fall in a
   {lower} metric (hallucination rate, retrieval latency) is a ▲.
 - **Detectable differences.** "A paired test detects differences from about X 0.08" is the
   difference these question counts find with 80% power: a smaller one may exist and go unseen,
@@ -330,38 +393,29 @@ READING = """\
 """.replace("{lower}", LOWER_MARK)
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _range_words(key: str) -> str:
-    span = METRICS[key].span
-    return "unbounded" if span is None else f"{span[0]:g} to {span[1]:g}"
-
-
 def markdown(k: Any = "k", tau_recall: Any = 0.75, tau_h: Any = 0.5) -> str:
-    """The metric reference (docs/metrics.md): one row per metric, from METRICS."""
+    """The metric reference (docs/reference/metrics.md): one card per metric, from METRICS."""
     fill = {"k": k, "tau_recall": tau_recall, "tau_h": tau_h}
-    intro = ("Every name a table, sentence or chart prints is the **label**; files keep the **key** "
-             "(metrics.json `metrics` and `by_corpus`, per_question.jsonl, summary.csv, comparison.csv: a "
-             "contract that does not change). `python -m experiments.gate --metric` takes either, in any "
-             "case and with any cut-off (`nDCG@10`, `ndcg_at_k`). `k` is `eval.k` (5 by default); a metric "
-             "that lacks what it needs is null for that question and left out of its mean and CI (`n` "
-             "counts the questions that have it).")
-    rows = ["## Metric reference", "", intro, "",
-            "| label | key | family | better | range | needs | null when |", "|---|---|---|---|---|---|---|"]
+    intro = ("Every name a table, sentence or chart prints is the **label** (each card's title); files keep "
+             "the **key** (metrics.json `metrics` and `by_corpus`, per_question.jsonl, summary.csv, "
+             "comparison.csv: a contract that does not change). `python -m experiments.gate --metric` takes "
+             "either, in any case and with any cut-off (`nDCG@10`, `ndcg_at_k`). `k` is `eval.k` (5 by "
+             "default); a metric that lacks what it needs is null for that question and left out of its mean "
+             "and CI (`n` counts the questions that have it). E(x) is the fixed evaluation embedder's vector "
+             "of x, sim the cosine, G the ground-truth answer, A the generated answer, C the contexts given "
+             "to the LLM. The smallest difference that matters is what the verdict and the charts require "
+             "besides significance before they call a difference a win or a loss (`report.min_effect`).")
+    rows = ["## Metric reference", "", intro]
     for key, i in METRICS.items():
-        rows.append("| " + " | ".join(_cell(x) for x in (
-            label(key, k, mark=False), f"`{key}`", i.family, "lower ↓" if not i.higher_is_better else "higher",
-            _range_words(key) + ("" if i.unit.startswith(("share", "mean", "0", "cosine")) else f" ({i.unit})"),
-            i.needs, i.null_when)) + " |")
-    notation = ("E(x) is the fixed evaluation embedder's vector of x, sim the cosine, G the ground-truth answer, "
-                "A the generated answer, C the contexts given to the LLM.")
-    rows += ["", "### Definitions", "", notation, ""]
-    for key, i in METRICS.items():
-        rows.append(f"- **{label(key, k, mark=False)}** (`{key}`; {i.unit.format(**fill)}): "
-                    f"{i.formula.format(**fill)}. Threshold: {i.threshold.format(**fill)}. "
-                    f"High: {i.high.format(**fill)}; low: {i.low.format(**fill)}. In: {i.where}.")
+        better = "lower is better ↓" if not i.higher_is_better else "higher is better"
+        rows += ["", f"### {label(key, k, mark=False)}", "",
+                 f"`{key}` · {i.family} · {better} · {i.unit.format(**fill)}", "",
+                 f"- **Formula:** {i.formula.format(**fill)}.",
+                 f"- **Threshold:** {i.threshold.format(**fill)}.",
+                 f"- **High:** {i.high.format(**fill)}; **low:** {i.low.format(**fill)}.",
+                 f"- **Needs:** {i.needs}; **null when** {i.null_when}.",
+                 f"- **Smallest difference that matters:** {min_effect_words(key)}.",
+                 f"- **In:** {i.where}."]
     return "\n".join(rows) + "\n\n" + READING
 
 
@@ -393,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.metric_info",
                                  description="The metric reference, from the table every report reads.")
     ap.add_argument("--markdown", action="store_true", help="print the reference (markdown)")
-    ap.add_argument("--write", metavar="PAGE", help="replace the generated block of PAGE (docs/metrics.md)")
+    ap.add_argument("--write", metavar="PAGE", help="replace the generated block of PAGE (docs/reference/metrics.md)")
     args = ap.parse_args(argv)
     if args.write:
         try:
@@ -407,4 +461,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+
+    run_cli(main)

@@ -2,7 +2,7 @@
 (experiments/templates/report.js) reads, and how it is encoded.
 
 `PageData` and the TypedDicts under it are the contract between this module and report.js (also
-described in docs/datamodel.md, "The report's page data"): a key added here is read there by the
+described in docs/reference/datamodel.md, "The report's page data"): a key added here is read there by the
 same name. Every question of every run is read back from per_question.jsonl through
 `eval.record.QuestionRecord`.
 

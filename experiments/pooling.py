@@ -11,12 +11,19 @@ says how many runs were pooled). Nothing is asked: the grades are in each run's 
 
 The sweep's end (experiments.callbacks) calls it; `python -m experiments.pooling DIR...` pools
 runs made separately (the same question set and judge).
+
+Each pooled run is marked "pooling pending" (rag.rundir.mark_pooling, written atomically) before
+the first of them is rewritten, and the marks are cleared only once all are: a pooling stopped
+half-way (Ctrl-C, SIGKILL) leaves runs whose per_question.jsonl and metrics.json may disagree,
+which compare and the gate then refuse, naming the one command that finishes them (pooling again
+gives every run the same files).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -24,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from eval.labels import LABEL_METRICS, label_metrics
-from eval.record import QuestionRecord
+from eval.record import QuestionRecord, read_lines
 from eval.relevance import SOURCE, document_labels
 from eval.scoring import ScoreSettings, aggregate
 from eval.trec import format_qrels
 from rag import strict_json
 from rag.atomic import atomic_write_text
 from rag.cli import run_cli
+from rag.rundir import POOLING_PENDING, Unfinished, clear_pooling, mark_pooling
 from rag.types import Chunk, QAItem, RagError, Relevance
 
 log = logging.getLogger(__name__)
@@ -60,8 +68,11 @@ def read_judged(run_dir: Path) -> JudgedRun | None:
     metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
     if ((metrics.get("provenance") or {}).get("labels") or {}).get("source") != SOURCE:
         return None
-    lines = (run_dir / "per_question.jsonl").read_text(encoding="utf-8").splitlines()
-    return JudgedRun(run_dir, metrics, [QuestionRecord.from_json(json.loads(line)) for line in lines if line.strip()])
+    try:
+        rows = read_lines(run_dir / "per_question.jsonl")
+    except RagError as e:
+        raise RagError(f"{run_dir}: {e}") from None
+    return JudgedRun(run_dir, metrics, [QuestionRecord.from_json(row) for row in rows])
 
 
 def pooled_labels(runs: Sequence[JudgedRun], relevant_from: int) -> tuple[dict[str, tuple[Relevance, ...]], int, int]:
@@ -126,10 +137,17 @@ def _replace(table: dict[str, Any], metric: str, summary: dict[str, Any] | None)
         table[metric] = summary
 
 
-def pool_runs(run_dirs: Sequence[Path]) -> int:
+def finish_command(dirs: Sequence[Path | str]) -> str:
+    """The command that pools `dirs` again (and so finishes a pooling of them that was stopped)."""
+    return "python -m experiments.pooling " + " ".join(shlex.quote(str(d)) for d in dirs)
+
+
+def pool_runs(run_dirs: Sequence[Path], command: str | None = None) -> int:
     """Pools the LLM labels of the finished eval.relevance=llm runs among `run_dirs` and scores
     each of them again (see the module docstring). Returns how many runs were pooled (0 or 1:
-    nothing to pool). Runs whose judge, prompt or question set differ are not pooled: one line says so."""
+    nothing to pool). Runs whose judge, prompt or question set differ are not pooled: one line says so.
+    `command` finishes a pooling that is stopped (default: pooling `run_dirs` again); a Ctrl-C
+    while runs are rewritten is rag.rundir.Unfinished, which names it."""
     runs = [r for r in (read_judged(Path(d)) for d in run_dirs) if r is not None]
     if len(runs) < 2:
         return 0
@@ -145,10 +163,18 @@ def pool_runs(run_dirs: Sequence[Path]) -> int:
     stats = {"pooled_runs": len(runs), "pairs": pairs, "unjudged": unjudged}
     from experiments.html_report import write_run_report
 
-    for run in runs:
-        rescore(run, labels, stats)
-        if (run.path / "report.html").exists():  # the run's own page, written before pooling
-            write_run_report(run.path)
+    pooled = [run.path for run in runs]
+    command = command or finish_command(run_dirs)
+    try:
+        mark_pooling(pooled, command)
+        for run in runs:
+            rescore(run, labels, stats)
+            if (run.path / "report.html").exists():  # the run's own page, written before pooling
+                write_run_report(run.path)
+        clear_pooling(pooled)  # last: every pooled run is whole
+    except KeyboardInterrupt:
+        raise Unfinished(f"{len(pooled)} runs are marked pooling pending ({POOLING_PENDING}); their "
+                         f"per_question.jsonl and metrics.json may disagree until: {command}") from None
     log.info("eval.relevance=llm: labels pooled over %d runs (%d pairs, %d unjudged)", len(runs), pairs, unjudged)
     return len(runs)
 
@@ -161,10 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.aggregate import find_run_dirs
 
     try:
-        n = pool_runs(find_run_dirs(args.dirs))
+        n = pool_runs(find_run_dirs(args.dirs), finish_command(args.dirs))
     except (FileNotFoundError, RagError) as e:
         print(f"ragrig: error: {e}", file=sys.stderr)
         return 2
+    except Unfinished as e:
+        print(f"ragrig: interrupted; {e.left}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("ragrig: interrupted; no run was rewritten", file=sys.stderr)
+        return 130
     print(f"pooled {n} runs" if n else "nothing to pool (fewer than two eval.relevance=llm runs that agree)")
     return 0
 

@@ -38,11 +38,13 @@ from experiments import charts as C
 from experiments import faults as F
 from experiments import metric_info as MI
 from experiments import panels as P
+from experiments import fitted as FT
 from experiments import provenance as PV
 from experiments import verdict as V
 from experiments.aggregate import RunRecord, markdown_table, summary_frame
 from experiments.baseline import BaselineChoice, baseline_note, pick_baseline
 from experiments.stats import PERMUTATIONS
+from rag.retriever.routing import routing_lines
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,8 @@ class ReportSettings:
     permutations: int = PERMUTATIONS  # sign patterns of the paired randomization test
     html: bool = True  # also write report.html
     max_context_chars: int = 1200  # report.html: longest context text kept (around its matching span)
+    # metric -> the smallest difference that matters (report.min_effect); unnamed metrics keep metric_info's
+    min_effect: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,6 +95,8 @@ class Report:
     faults: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, then questions per class (experiments.faults)
     transitions: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> fixed / broken vs the baseline
     provenance: PV.RunsProvenance = field(default_factory=PV.RunsProvenance)  # generated questions, LLM labels
+    fitted: FT.RunsFitted = field(default_factory=FT.RunsFitted)  # parts fitted on other corpora than the runs'
+    routing: list[str] = field(default_factory=list)  # each routed run's routing in words (routing_notes)
 
     def moved_to(self, out_dir: Path) -> "Report":
         """This report after its files moved from the directory it was built in (a staging
@@ -292,6 +298,13 @@ def summary_markdown(rep: Report, k: Any, source: str) -> str:
     return markdown_env().get_template("summary.md.j2").render(summary_view(rep, k, source))
 
 
+def routing_notes(records: list[RunRecord], labels: list[str]) -> list[str]:
+    """Each routed run's routing (metrics.json `routing`) in words, after its label: how many
+    questions its router filtered, how often it was right, and the recall the filter lost."""
+    return [f"{label}: " + "; ".join(routing_lines(r.result.routing)) for r, label in zip(records, labels)
+            if r.ok and r.result is not None and r.result.routing]
+
+
 def summary_view(rep: Report, k: Any, source: str) -> dict[str, Any]:
     """Everything summary.md shows, formatted: its sentences' numbers and its tables' cells."""
     frame = rep.frame
@@ -305,6 +318,7 @@ def summary_view(rep: Report, k: Any, source: str) -> dict[str, Any]:
                for _, row in frame.iterrows()]
     view: dict[str, Any] = {
         "title": rep.settings.title, "verdict": rep.verdict, "source": source, "provenance": rep.provenance.view(),
+        "fitted": rep.fitted.view(), "routing": rep.routing,
         "jobs": len(frame), "ok": len(ok), "failed": len(failed),
         "objective": rep.objective, "objective_label": C.metric_label(rep.objective, k),
         "direction": "lower" if MI.lower_is_better(rep.objective) else "higher",
@@ -442,14 +456,15 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
         metrics = [*metrics, MI.LATENCY]
     labels = [str(x) for x in frame["label"]] if not frame.empty else []
     cmp = V.compare(records, labels, metrics, base, resamples, seed, settings.confidence, settings.alpha,
-                    settings.permutations)
+                    settings.permutations, MI.min_effects(settings.min_effect))
     baseline_label = labels[base] if base is not None else None
     if not frame.empty:
         frame.insert(3, "baseline", [i == base for i in range(len(frame))])
     rep = Report(Path(out_dir), frame, cmp.table, varying, metrics, objective, baseline_label, mde=cmp.mde,
                  n_tests=cmp.n_tests, alpha=settings.alpha, k=k, unit=unit,
                  by_corpus=corpus_frame(records, labels, metrics), settings=settings, source=source,
-                 provenance=PV.of_runs(records, labels))
+                 provenance=PV.of_runs(records, labels), fitted=FT.of_runs(records),
+                 routing=routing_notes(records, labels))
     single = None
     if base is not None and objective in frame:
         row = frame.loc[base]
@@ -458,7 +473,8 @@ def analyze(records: list[RunRecord], out_dir: Path, settings: ReportSettings | 
     runs = [lab for i, lab in enumerate(labels) if records[i].ok and i != base]
     best = best_run(rep) if varying and "variant" not in varying else None
     best_words = "" if best is None else V.best_words(best, baseline_label, cmp.table, objective, k)
-    rep.verdict = " ".join(x for x in (V.provenance_words(PV.provenances(records)), baseline_note(choice, baseline_label),
+    rep.verdict = " ".join(x for x in (rep.fitted.words(),  # first: what the numbers below are evidence of
+                                       V.provenance_words(PV.provenances(records)), baseline_note(choice, baseline_label),
                                        best_words,
                                        V.verdict_text(cmp, baseline_label, runs, k, objective, single),
                                        V.cost_words(frame)) if x)

@@ -9,7 +9,7 @@ contexts of realistic length, see `synthetic_runs`), builds their report with
 `python -m experiments.compare`'s code, and measures the file's size, the time to build it and its
 load time in Chromium (navigation start to the `data-ready` flag the page's script sets once the
 question table is rendered), several loads, median reported. Results go to
-<out>/report_scale.json; docs/report.md holds the numbers measured here.
+<out>/report_scale.json; docs/explanation/report.md holds the numbers measured here.
 
 Needs Debian's chromium and chromium-driver and `pip install selenium` (the `browser` extra;
 `make test-browser` installs them).

@@ -26,6 +26,8 @@ from typing import Any
 import pandas as pd
 from scipy.stats import kendalltau
 
+from eval.record import read_lines
+from eval.relevance import SOURCE as LLM_SOURCE
 from rag.atomic import atomic_write_text
 from rag.cli import run_cli
 from rag.types import RagError
@@ -131,7 +133,45 @@ def _job_dirs(sweep: Path, summary: pd.DataFrame) -> dict[str, Path]:
 
 
 def _rows(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "per_question.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        return read_lines(run / "per_question.jsonl")
+    except RagError as e:
+        raise RagError(f"{run}: {e}") from None
+
+
+def _two_sweeps(first: Path, second: Path, what: str) -> None:
+    """Refuses one sweep given twice: it agrees with itself perfectly (tau 1, kappa 1), which
+    says nothing of the questions or the labels."""
+    if first.resolve() == second.resolve():
+        raise RagError(f"{what}: {first} is given twice; compare two sweeps ({first} against itself agrees by "
+                       "construction)")
+
+
+def _labels_source(sweep: Path, dirs: dict[str, Path]) -> dict[str, str]:
+    """Each job's label source (metrics.json `provenance.labels.source`: qa, the question set's
+    labels, or llm, eval.relevance=llm's judge), by the job's label."""
+    out = {}
+    for label, run in dirs.items():
+        try:
+            metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise RagError(f"{run}: unreadable metrics.json ({getattr(e, 'strerror', None) or e})") from None
+        out[label] = str(((metrics.get("provenance") or {}).get("labels") or {}).get("source") or "qa")
+    return out
+
+
+def _check_sources(labels_sweep: Path, human: dict[str, str], llm_sweep: Path, llm: dict[str, str]) -> None:
+    """The first sweep's labels must be the question set's (a person's), the second's the judge's:
+    LLM labels on both sides would agree with themselves."""
+    judged = sorted(label for label, source in human.items() if source == LLM_SOURCE)
+    if judged:
+        raise RagError(f"{labels_sweep}: its labels came from an LLM judge (job {judged[0]}: provenance.labels.source="
+                       f"{LLM_SOURCE}); the first sweep must be scored with the question set's labels "
+                       "(eval.relevance=labels)")
+    unjudged = sorted(label for label, source in llm.items() if source != LLM_SOURCE)
+    if unjudged:
+        raise RagError(f"{llm_sweep}: job {unjudged[0]} was not scored by an LLM judge (provenance.labels.source="
+                       f"{llm[unjudged[0]]}); the second sweep must be run with eval.relevance=llm")
 
 
 def agreement(labels_sweep: Path, llm_sweep: Path) -> Agreement:
@@ -139,7 +179,13 @@ def agreement(labels_sweep: Path, llm_sweep: Path) -> Agreement:
     sweep with the question set's labels), over the distinct (question, chunk) pairs both retrieved."""
     human_summary, _ = _sweep_files(labels_sweep)
     llm_summary, _ = _sweep_files(llm_sweep)
+    _two_sweeps(labels_sweep, llm_sweep, "labels")
     human_dirs, llm_dirs = _job_dirs(labels_sweep, human_summary), _job_dirs(llm_sweep, llm_summary)
+    for sweep, dirs in ((labels_sweep, human_dirs), (llm_sweep, llm_dirs)):
+        if not dirs:
+            raise RagError(f"{sweep}: no finished job (its summary.csv lists none with status ok)")
+    _check_sources(labels_sweep, _labels_source(labels_sweep, human_dirs), llm_sweep,
+                   _labels_source(llm_sweep, llm_dirs))
     metrics = json.loads((next(iter(llm_dirs.values())) / "metrics.json").read_text())
     relevant_from = int(((metrics.get("provenance") or {}).get("labels") or {}).get("relevant_from") or 2)
     pairs: dict[tuple[str, str], tuple[int, int | None]] = {}
@@ -173,6 +219,7 @@ def _fmt(v: float | None, digits: int = 3) -> str:
 def questions_report(human_sweep: Path, generated_sweep: Path, metrics: Sequence[str] = METRICS) -> tuple[str, dict[str, Any]]:
     hs, hc = _sweep_files(human_sweep)
     gs, gc = _sweep_files(generated_sweep)
+    _two_sweeps(human_sweep, generated_sweep, "questions")
     orders = orderings(hs, gs, metrics)
     diffs = differences(hc, gc, metrics)
     new = new_differences(hc, gc, metrics)

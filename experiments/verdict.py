@@ -64,10 +64,13 @@ class Comparison:
 
 def compare(records: list[RunRecord], labels: list[str], metrics: list[str], base: int | None,
             resamples: int = 1000, seed: int = 0, confidence: float = 0.95, alpha: float = ALPHA,
-            permutations: int = PERMUTATIONS) -> Comparison:
+            permutations: int = PERMUTATIONS,
+            min_effects: Mapping[str, tuple[float, float]] | None = None) -> Comparison:
     """Paired differences of every successful run from the baseline, metric by metric, over the
     question ids both runs have a value for; Holm-adjusted p-values over all the cells; the
-    minimum detectable effect per metric."""
+    minimum detectable effect per metric. A cell is a win or a loss (its marker) only when it is
+    significant and its difference is at least the smallest that matters (metric_info.min_effect,
+    `min_effects` from report.min_effect), against the baseline's mean over the shared questions."""
     rows: list[dict[str, Any]] = []
     if base is None:
         return Comparison(pd.DataFrame(rows), mde_table(None, None, metrics, alpha, 0), alpha, 0)
@@ -83,11 +86,13 @@ def compare(records: list[RunRecord], labels: list[str], metrics: list[str], bas
             if d.n == 0:
                 continue
             wins, ties, losses = win_tie_loss(base_vals[m], other, m)
+            shared = [float(base_vals[m][q]) for q in shared_ids(base_vals[m], other)]  # type: ignore[arg-type]
             rows.append({
                 "job": rec.job_num if rec.job_num is not None else "", "label": labels[i], "metric": m,
                 "baseline": labels[base], "diff": d.mean_diff, "ci_low": d.ci_low, "ci_high": d.ci_high,
                 "n": d.n, "n_run": _count(other), "n_baseline": _count(base_vals[m]), "sd_diff": d.sd_diff,
                 "p_value": d.p_value, "wins": wins, "ties": ties, "losses": losses,
+                "min_effect": MI.min_effect(m, float(np.mean(shared)) if shared else None, min_effects),
             })
     table = pd.DataFrame(rows)
     n_tests = 0
@@ -95,9 +100,10 @@ def compare(records: list[RunRecord], labels: list[str], metrics: list[str], bas
         table["p_holm"] = holm(table["p_value"].to_numpy(float))
         n_tests = int(table["p_value"].notna().sum())
         table["significant"] = table["p_holm"] < alpha
+        table["matters"] = table["diff"].abs() >= table["min_effect"]
         table["better"] = [MI.better(m, d) for m, d in zip(table["metric"], table["diff"])]
-        table["marker"] = [MI.marker(m, d, bool(s))
-                           for m, d, s in zip(table["metric"], table["diff"], table["significant"])]
+        table["marker"] = [MI.marker(m, d, bool(s) and bool(x)) for m, d, s, x
+                           in zip(table["metric"], table["diff"], table["significant"], table["matters"])]
         table["mde"] = [min_detectable_effect(sd, n, alpha / max(n_tests, 1), POWER)
                         for sd, n in zip(table["sd_diff"], table["n"])]
     return Comparison(table, mde_table(table, records[base], metrics, alpha, n_tests, base_vals), alpha, n_tests)
@@ -230,6 +236,24 @@ def _detectable_sentence(lead: str, words: str, few: str, tail: str = "") -> str
     return " ".join(out)
 
 
+def decisive(table: pd.DataFrame) -> pd.Series:
+    """The cells that are a win or a loss: significant after Holm's correction and at least the
+    smallest difference that matters (a table without that column: significant alone)."""
+    sig = table["significant"].astype(bool)
+    return sig & table["matters"].astype(bool) if "matters" in table else sig
+
+
+def small_words(small: pd.DataFrame, k: Any) -> str:
+    """The significant differences smaller than what matters, which the verdict calls neither a
+    win nor a loss: 'v2 on retrieval latency ↓ by +0.3 ms [+0.2 ms, +0.4 ms] (it takes 1.0 ms)'."""
+    items = [f"{r['label']} on {_diff_words(r['metric'], r, k)} (it takes {MI.fmt_unit(r['metric'], r['min_effect'])})"
+             for _, r in small.iterrows()]
+    if len(items) > MAX_METRICS_IN_WORDS:
+        items = items[:MAX_METRICS_IN_WORDS] + [f"{len(items) - MAX_METRICS_IN_WORDS} more (see the table)"]
+    return ("Significant, but smaller than the smallest difference that matters (report.min_effect), so neither "
+            f"a win nor a loss: {_and(items)}.")
+
+
 def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any, objective: str,
                  single: Mapping[str, Any] | None = None) -> str:
     """The verdict in words: which runs beat or lose to the baseline on which metrics, by how
@@ -253,7 +277,8 @@ def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any,
             head += (f"; a paired comparison on these questions would detect differences of about: {words} "
                      f"(80% power, two-sided α = {cmp.alpha:g}; from this run's spread, assuming uncorrelated runs).")
         return head + (f" {few[0].upper()}{few[1:]}." if few else "")
-    sig = t[t["significant"]]
+    sig = t[decisive(t)]
+    small = t[t["significant"] & ~decisive(t)]
     sentences = [f"Against the baseline {baseline}, over {_n_words(t)}:"]
     clauses = []
     # The runs that gain most on the objective first, then those with the most differences.
@@ -282,9 +307,12 @@ def verdict_text(cmp: Comparison, baseline: str | None, runs: list[str], k: Any,
                          f"(family-wise α = {cmp.alpha:g}).")
         rest = "Nothing else differs; at these question counts a paired test detects (80% power) differences from about"
     else:
-        sentences.append(f"no run differs from the baseline on any metric after Holm's correction over "
+        by = " by the smallest difference that matters or more" if len(small) else ""
+        sentences.append(f"no run differs from the baseline on any metric{by} after Holm's correction over "
                          f"{cmp.n_tests} comparisons (family-wise α = {cmp.alpha:g}).")
         rest = "At these question counts a paired test detects (80% power) differences from about"
+    if len(small):
+        sentences.append(small_words(small, k))
     # Metrics where some run showed no difference: what difference would have shown.
     silent = [m for m in dict.fromkeys(t["metric"]) if (sig["metric"] == m).sum() < (t["metric"] == m).sum()]
     words, few = mde_words(cmp.mde, k, silent), too_few_words(cmp.mde, k, silent)
@@ -326,6 +354,9 @@ def best_words(best: Mapping[str, Any], baseline: str | None, table: pd.DataFram
     r = cells.iloc[0]
     how = ("significantly better after Holm's correction" if bool(r["significant"]) and bool(r["better"])
            else "not significantly different after Holm's correction")
+    if bool(r["significant"]) and bool(r["better"]) and "matters" in r and not bool(r["matters"]):
+        how += (f", but by less than the smallest difference that matters "
+                f"({MI.fmt_unit(objective, r['min_effect'])})")
     return (f"Best: {lab}{job}, {value}; against {baseline} {_diff_ci(objective, r)}, "
             f"{how} (Holm-adjusted p = {p_text(r['p_holm'])}).")
 

@@ -5,7 +5,7 @@ loads it on a hit, notes (key, hit) in `record` (a report for metrics.json, neve
 returns what it made. Keys chain: chunks are keyed by the chunker settings and the sliced corpus's
 content, vectors by the embedder and the chunks' key, an index by its settings and the vectors'
 key, so changing fusion, k or the reranker reuses everything while a new chunking or embedder
-builds anew (rag/cache.py has the rules; docs/architecture.md the table). Model artifacts (the
+builds anew (rag/cache.py has the rules; docs/explanation/architecture.md the table). Model artifacts (the
 ONNX export, the LLM's conversion, the cross-encoder) are built by the components that hold the
 models, through the same cache (`use_cache`).
 """
@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from rag.embedder.base import Embedder
 from rag.index.base import VectorIndex
 from rag.legacy_cache import old_chunks
 from rag.llm import Generator, NoGenerator
+from rag.llm.base import Stopped
 from rag.llm.answer_cache import generate_resumable, prompt_inputs, usage_totals
 from rag.qa.base import QuestionSet
 from rag.retriever.bm25 import BM25Index
@@ -59,6 +61,17 @@ class Answers:
     details: list[dict[str, Any]] | None  # per answer (llm=openai: token usage, finish reason, model)
     requests: int  # requests this run sent
     resumed: int  # answers taken from records of an earlier, interrupted run
+    stopped: Stopped | None = None  # how many stopped at the token limit (None: the generator cannot say)
+    withheld: int = 0  # replies that held no answer (a refusal, content null): scored as empty, never cached
+
+
+class _Withheld(Exception):
+    """Raised by the answers' build when a reply held no answer: the run uses what it has, but no
+    artifact is published, so that a rerun asks again rather than scoring the empty answers."""
+
+    def __init__(self, payload: dict[str, Any], stats: dict[str, Any]):
+        super().__init__("answers not cached: a reply held no answer")
+        self.payload, self.stats = payload, stats
 
 
 class Artifacts:
@@ -140,8 +153,12 @@ class Artifacts:
 
     def vectors_key(self, embedder: Embedder, indexed: bool = True) -> str:
         """`indexed`: of the texts the pipeline indexes (with chunker.contextualize's prefixes);
-        else of the chunks' own texts (what the evaluation embedder encodes)."""
-        return make_key("vectors", embedder.id, self._texts_key(indexed))
+        else of the chunks' own texts (what the evaluation embedder encodes). An embedder still
+        choosing its backend (`backend: auto`) may first settle on one whose vectors of these texts
+        are already made: reading beats encoding on any backend."""
+        texts = self._texts_key(indexed)
+        embedder.prefer_cached(lambda ident: self.cache.available("vectors", make_key("vectors", ident, texts)))
+        return make_key("vectors", embedder.id, texts)
 
     def vectors(self, embedder: Embedder, indexed: bool = True) -> np.ndarray:
         """float32 [n_chunks, dim], memory-mapped from the cache."""
@@ -154,6 +171,10 @@ class Artifacts:
                                                 shape=(len(self.chunked), embedder.dim))
                 stats = embedder.write_vectors(self.chunked.id_batches(npy_writer.ENCODE_BLOCK * 8), out)
                 out.flush()
+                chunks = self.chunked.chunks
+                for start in range(0, len(out), npy_writer.ENCODE_BLOCK):  # what is stored, as encoded vectors are
+                    rows = np.arange(start, min(len(out), start + npy_writer.ENCODE_BLOCK))
+                    npy_writer.refuse_unusable(embedder, out[rows], rows, lambda r: f"chunk {chunks[r].id!r}")
                 del out
                 return {**stats, "embedder": json.loads(json.dumps(embedder.id))}
             texts = self.chunked.indexed_texts if indexed else self.chunked.texts
@@ -218,13 +239,26 @@ class Artifacts:
         if isinstance(generator, NoGenerator):
             return None
         key = answers_key(generator, queries, contexts)
-        art = self.cache.get_or_build("answers", key, lambda tmp: self._generate(generator, queries, contexts, tmp),
-                                      inputs={"generator": generator.id})
-        self._note("answers", key, art.hit)
-        data = json.loads(art.file(ANSWERS_FILE).read_text())
-        return Answers(data["answers"], np.asarray(data["latency_ms"], float), key, art.hit, data.get("details"),
-                       requests=0 if art.hit else int(art.manifest.get("requests", 0)),
-                       resumed=len(queries) if art.hit else int(art.manifest.get("resumed", 0)))
+        try:
+            art = self.cache.get_or_build("answers", key, lambda tmp: self._generate(generator, queries, contexts, tmp),
+                                          inputs={"generator": generator.id})
+        except _Withheld as w:
+            self._note("answers", key, False)
+            data, stats = w.payload, w.stats
+            hit = False
+        else:
+            self._note("answers", key, art.hit)
+            data, stats, hit = json.loads(art.file(ANSWERS_FILE).read_text()), art.manifest, art.hit
+            empty = sum(1 for a in data["answers"] if not str(a).strip())
+            if hit and empty:  # said by every run that reads them, as by the run that generated them
+                log.warning("llm: %d of %d answers read from the cache (%s) are empty; they are scored as empty "
+                            "strings (remove that directory to generate them again)", empty, len(queries), art.path)
+        return Answers(data["answers"], np.asarray(data["latency_ms"], float), key, hit, data.get("details"),
+                       requests=0 if hit else int(stats.get("requests", 0)),
+                       resumed=len(queries) if hit else int(stats.get("resumed", 0)),
+                       stopped=stopped_answers(generator, len(data["answers"]), data.get("details"),
+                                               stats.get("stopped")),
+                       withheld=int(stats.get("withheld", 0)))
 
     def _generate(self, generator: Generator, queries: list[str], contexts: list[list[Context]],
                   tmp: Path) -> dict[str, Any]:
@@ -245,7 +279,9 @@ class Artifacts:
         if answers is None or len(answers) != len(queries):
             raise RagError(f"llm {type(generator).__name__} returned {0 if answers is None else len(answers)} "
                            f"answers for {len(queries)} questions")
-        empty = sum(1 for a in answers if not a.strip())
+        withheld = Counter(str(d["withheld"]) for d in details or [] if d.get("withheld"))
+        kept = [a for i, a in enumerate(answers) if details is None or not details[i].get("withheld")]
+        empty = sum(1 for a in kept if not a.strip())
         if empty:
             log.warning("llm returned %d empty answer(s); they are scored as empty strings", empty)
         if details is not None:  # requests: each its own wall time
@@ -253,9 +289,34 @@ class Artifacts:
         else:  # batches: each question is charged its batch's share of the time
             per_q = generator.last_latencies_ms or [1000.0 * seconds / len(queries)] * len(queries)
         payload = {"answers": answers, "latency_ms": list(per_q), **({"details": details} if details is not None else {})}
-        (tmp / ANSWERS_FILE).write_text(json.dumps(payload, ensure_ascii=False))
         usage = {"usage": usage_totals(details)} if details is not None else {}
-        return {"n": len(answers), "empty": empty, "seconds": round(seconds, 3), **counts, **usage}
+        last = generator.last_stopped
+        stopped = {"stopped": sum(last)} if details is None and last is not None and len(last) == len(answers) else {}
+        stats = {"n": len(answers), "empty": empty, "seconds": round(seconds, 3), **counts, **usage, **stopped}
+        if withheld:
+            why = ", ".join(f"{n} {reason}" for reason, n in sorted(withheld.items()))
+            log.warning("llm: %d of %d replies held no answer (%s); they are scored as empty answers and not cached, "
+                        "so a rerun asks for them again", sum(withheld.values()), len(answers), why)
+            raise _Withheld(payload, {**stats, "withheld": sum(withheld.values())})
+        (tmp / ANSWERS_FILE).write_text(json.dumps(payload, ensure_ascii=False))
+        return stats
+
+
+def stopped_answers(generator: Generator, n: int, details: list[dict[str, Any]] | None,
+                    counted: Any) -> Stopped | None:
+    """How many answers stopped at the generator's token limit: a served answer by its
+    `finish_reason` ("length"), an in-process one as its generator counted it (`counted`, kept in
+    the artifact's manifest); None where the generator has no limit or did not say."""
+    limit = generator.token_limit
+    if limit is None:
+        return None
+    if details is not None:
+        stopped = sum(1 for d in details if d.get("finish_reason") == "length")
+    elif isinstance(counted, int) and not isinstance(counted, bool):
+        stopped = counted
+    else:
+        return None
+    return Stopped(stopped, n, *limit)
 
 
 def answers_key(generator: Generator, queries: list[str], contexts: list[list[Context]]) -> str:

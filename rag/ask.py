@@ -80,9 +80,11 @@ def answer(session: Session, question: str, corpus: str | None = None) -> dict[s
     answers = session.generator.generate([question], [contexts])
     generate_ms = 1000 * (time.perf_counter() - t0)
     scores = {int(r): float(s) for r, s in hits.row(0)}
+    details = session.generator.last_details if answers is not None else None
     return {
         "question": question,
         "answer": None if answers is None else answers[0],
+        "withheld": (details[0].get("withheld") if details else None),  # a reply that held no answer: why
         "contexts": [
             {"label": c.label or session.chunk_set.chunks[c.chunk_rows[0]].doc_id,
              "score": scores.get(c.chunk_rows[0]), "text": c.text}
@@ -93,14 +95,34 @@ def answer(session: Session, question: str, corpus: str | None = None) -> dict[s
     }
 
 
+def printable(text: Any) -> str:
+    """`text` as it may reach a terminal: control characters (NUL, ESC and the rest of C0 and C1,
+    DEL) and lone surrogates escaped as \\x1b, \\ud800, newlines and tabs kept. An answer comes
+    from a server and a context from a corpus: neither may move the cursor, recolour or clear the
+    screen, or end the print with a UnicodeEncodeError."""
+    return _CONTROL.sub(lambda m: _escape(m.group()), str(text))
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape(ch: str) -> str:
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
 def format_answer(result: dict[str, Any], width: int = 100) -> str:
-    lines = [f"Q: {result['question']}"]
-    lines.append(f"A: {result['answer']}" if result["answer"] is not None else "A: (llm=none: retrieval only)")
+    lines = [f"Q: {printable(result['question'])}"]
+    if result["answer"] is None:
+        lines.append("A: (llm=none: retrieval only)")
+    elif result.get("withheld"):
+        lines.append(f"A: (no answer: the server's reply held none: {printable(result['withheld'])})")
+    else:
+        lines.append(f"A: {printable(result['answer'])}")
     lines.append("contexts:")
     for i, c in enumerate(result["contexts"], 1):
         score = "" if c["score"] is None else f"  score {c['score']:.3f}"
-        lines.append(f"  [{i}] {c['label']}{score}")
-        body = " ".join(c["text"].split())
+        lines.append(f"  [{i}] {printable(c['label'])}{score}")
+        body = printable(" ".join(c["text"].split()))
         lines.append(textwrap.indent(textwrap.shorten(body, width=3 * width, placeholder=" …"), "      "))
     lat = result["latency_ms"]
     lines.append("latency: " + ", ".join(f"{k} {v:.0f} ms" for k, v in lat.items()) + f" (total {sum(lat.values()):.0f} ms)")

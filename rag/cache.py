@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from rag.atomic import atomic_write_text, follow_umask, umask_mode
-from rag.cache_records import OLDER_RECORD, checked_record, parse_record, seed_record_sums
+from rag.cache_records import OLDER_RECORD, checked_record, foreign, parse_record, seed_record_sums
+from rag.secrets import redacted_data
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -177,9 +178,24 @@ class ArtifactCache:
 
     def _read_manifest(self, path: Path) -> dict[str, Any] | None:
         try:
-            return json.loads((path / MANIFEST).read_text())
+            manifest = json.loads((path / MANIFEST).read_text())
         except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: bad JSON or UTF-8
             return None
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict) or not all(isinstance(m, dict) and {"size", "sha256"} <= set(m)
+                                                  for m in files.values()):
+            return None  # no manifest this cache wrote: overwritten or damaged
+        return manifest
+
+    @staticmethod
+    def _foreign(manifest: dict[str, Any], kind: str, key: str) -> str | None:
+        """What is wrong when a directory's manifest is another key's (or kind's), else None: an
+        entry copied or moved over this key's holds another configuration's payload, whose files
+        are intact by their own checksums (rag.cache_records.foreign, the rule records follow)."""
+        if manifest.get("kind") not in (None, kind):
+            return (f"is damaged (it holds a {manifest.get('kind')!r} entry, not a {kind!r} one: "
+                    "a moved or copied directory)")
+        return foreign(manifest.get("key"), key, "entry", "directory")
 
     def _valid(self, path: Path, manifest: dict[str, Any] | None, verify: bool) -> bool:
         if manifest is None:
@@ -208,8 +224,10 @@ class ArtifactCache:
         lookup (the retrieval and the score stage both look them up)."""
         path = self.path(kind, key)
         manifest = self._read_manifest(path)
+        if manifest is None or self._foreign(manifest, kind, key) is not None:
+            return None  # named when it is rebuilt (_build)
         if path.is_dir() and self._valid(path, manifest, verify):
-            return Artifact(kind, key, path, manifest or {}, hit=True)
+            return Artifact(kind, key, path, manifest, hit=True)
         return None
 
     @contextlib.contextmanager
@@ -286,8 +304,11 @@ class ArtifactCache:
         manifest = self._read_manifest(src)
         if manifest is None:
             return None
-        if not self._valid(src, manifest, verify=True) or manifest.get("key") != key:
-            log.warning("cache: seed entry %s is damaged; building it instead", src)
+        problem = self._foreign(manifest, kind, key)
+        if problem is None and not self._valid(src, manifest, verify=True):
+            problem = "is damaged"
+        if problem is not None:
+            log.warning("cache: seed entry %s %s; building it instead", src, problem)
             return None
         own = {"kind", "key", "inputs", "files", "build_seconds", "created", "seeded_from"}
 
@@ -306,8 +327,10 @@ class ArtifactCache:
             if found is not None:
                 return found
             final = self.path(kind, key)
-            if final.exists():  # an incomplete or corrupted leftover: never reuse it
-                log.warning("cache: %s is incomplete or corrupted; rebuilding it", final)
+            if final.exists():  # an incomplete or corrupted leftover, or another key's entry: never reuse it
+                held = self._read_manifest(final)
+                problem = None if held is None else self._foreign(held, kind, key)
+                log.warning("cache: %s %s; rebuilding it", final, problem or "is incomplete or corrupted")
                 shutil.rmtree(final)
             self._remove_stale_tmp(final.parent)
             tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f"tmp-{os.getpid()}-"))
@@ -325,11 +348,11 @@ class ArtifactCache:
                 manifest = {
                     "kind": kind,
                     "key": key,
-                    "inputs": dict(inputs or {}),
+                    "inputs": redacted_data(dict(inputs or {})),  # a component's id, as any config written
                     "files": files,
                     "build_seconds": round(time.perf_counter() - t0, 3),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    **extra,
+                    **redacted_data(extra),
                 }
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
                 _fsync_dir_files(tmp)

@@ -1,6 +1,7 @@
 """Reading a record back (one small JSON result of the artifact cache: an answer, a judgement):
-whether the bytes at its path are the record asked for (`checked_record`), the seed's checksums of
-its records (`seed_record_sums`), and each failure named once (`report_once`). How the cache seals
+whether the bytes at its path are the record asked for (`checked_record`; an artifact's directory
+is checked against its key by the same rule, `foreign`), the seed's checksums of its records
+(`seed_record_sums`), and each failure named once (`report_once`). How the cache seals
 its own records, and where they lie: rag/cache.py."""
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def checked_record(path: Path, key: str, verify: Callable[[bytes], tuple[Any, st
         body, problem = None, f"is unreadable ({e.strerror})"
     if problem is None and not isinstance(body, dict):
         problem = "is damaged (not a JSON object)"
-    elif problem is None and body.get("key") != key:
-        problem = f"is damaged (it holds the record of key {body.get('key')!r}, not {key!r}: a moved or copied file)"
+    elif problem is None:
+        problem = foreign(body.get("key"), key, "record", "file")
     if problem is None:
         return body
     if problem == OLDER_RECORD:
@@ -55,6 +56,15 @@ def checked_record(path: Path, key: str, verify: Callable[[bytes], tuple[Any, st
         return None
     report_once(path, f"cache: {what} {path} {problem}; {remedy}")
     return None
+
+
+def foreign(held: Any, key: str, what: str, where: str) -> str | None:
+    """What is wrong with an entry found at `key`'s place that names key `held` (None: nothing):
+    a copied or moved entry is another configuration's result, never this one's. `what`: "record"
+    or "entry"; `where`: what was moved, "file" or "directory"."""
+    if held == key:
+        return None
+    return f"is damaged (it holds the {what} of key {held!r}, not {key!r}: a moved or copied {where})"
 
 
 def report_once(path: Path, line: str) -> None:

@@ -15,7 +15,7 @@ sample of its questions again, after the main pass:
 
 The sample is spread evenly over the question list (which is grouped by corpus, so every corpus
 is represented). It is a cost/precision balance: every job of a sweep pays for it, and a sweep
-whose jobs only refuse should cost little more than one run (docs/bench.md).
+whose jobs only refuse should cost little more than one run (docs/reference/bench.md).
 
 Generation is batched: a question's generation latency is its share of its batch's wall time,
 reported only when this run generated the answers. Answers reused from the cache were timed by the

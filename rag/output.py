@@ -13,8 +13,12 @@ from eval.trec import format_qrels, format_run
 from experiments import metric_info as MI
 from rag import strict_json
 from rag.atomic import atomic_write_text
+from rag.fitted import fitted_lines
+from rag.llm.base import Stopped
 from rag.plan import format_plan
 from rag.provenance import provenance_lines
+from rag.retriever.routing import routing_lines
+from rag.secrets import redacted_data
 from rag.settings import RunReport
 from rag.types import QAItem, RagError, Relevance
 
@@ -29,6 +33,7 @@ def write_results(
     (Ctrl-C) on the way, the files already written by this call are removed again. `extra`: more
     files (name -> text), written first."""
     output_dir.mkdir(parents=True, exist_ok=True)
+    result = redacted_data(result)  # the config as resolved, but no value from ${oc.env:...} and no key
     files = {
         **(extra or {}),
         "per_question.jsonl": "".join(strict_json.dumps(r, ensure_ascii=False) + "\n" for r in records),
@@ -108,7 +113,11 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"compression ({c['compressor']}): {c['chars_removed_share']:.0%} of the answered questions' context "
                      f"characters removed (about {c['tokens_removed_estimate']} tokens); {c['fallback_questions']} of "
                      f"{c['questions']} questions kept their whole contexts (nothing passed)")
+    lines += routing_lines(result.get("routing"))
+    lines += fitted_lines(result.get("fitted"), str(result.get("variant")))
     lines += provenance_lines(result.get("provenance"))
+    if (result.get("stopped_answers") or {}).get("stopped"):
+        lines.append(Stopped.from_json(result["stopped_answers"]).line())
     t = result["timings_s"]
     lines.append("stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()))
     return "\n".join(lines)

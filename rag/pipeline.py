@@ -6,7 +6,7 @@
 
 A version preset (`+version=v2`) is only a set of config choices; nothing here asks which version
 it is. Every cached artifact is built or loaded by rag.artifacts; the stage table is in
-docs/architecture.md.
+docs/explanation/architecture.md.
 """
 from __future__ import annotations
 
@@ -24,18 +24,20 @@ from eval.relevance import SOURCE, question_labels
 from eval.scoring import JudgedLabels, add_judge_scores, score
 from rag import latency, plan
 from rag.artifacts import Answers
+from rag.chunker.router import RoutedChunker
 from rag.corpus.slicing import Kept, answer_subset
 from rag.embedder.base import Embedder
 from rag.llm.answer_cache import usage_totals
+from rag.fitted import ablation_command, chunker_part, reranker_part, router_part, run_overrides, section
 from rag.output import trec_files, write_report, write_results
 from rag.provenance import add_passage_texts, run_provenance
-from rag.query import retrieve_rerank_all
+from rag.query import retrieve_rerank_all, unfiltered_candidates
 from rag.reranker.base import Reranker
 from rag.result import Objective, RunResult
 from rag.retriever.base import Retriever
-from rag.retriever.routing import routing_report
+from rag.retriever.routing import Route, lost_recall, routing_report
 from rag.retriever.source_filter import SourceFilter
-from rag.session import Session, open_session
+from rag.session import Session, open_session, sample_level
 from rag.settings import Pricing, Settings, load
 from rag.types import Context, Hits
 
@@ -52,6 +54,8 @@ class Ranked:
     latency_rows: np.ndarray  # the questions timed again after the main pass
     latency_ms: dict[str, np.ndarray]  # "retrieve" / "rerank" per timed question
     latency_method: dict[str, Any]
+    routes: list[Route] | None = None  # per question, when the retriever routes
+    lost: dict[str, int] | None = None  # the recall routing lost (rag.retriever.routing.lost_recall)
 
 
 @dataclass
@@ -81,6 +85,7 @@ def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]
     placed = generate_answers(session, answer_rows, contexts)
     if placed.artifact is not None:  # an answer sample matters only where answers are generated
         note_answer_sample(session, answer_rows)
+        note_stopped_answers(placed.artifact)
     ranked.latency_method["generate"] = generate_latency_method(placed)
     judged, labels_from = judge_relevance(session, ranked.hits)
     with session.timer.stage("score"):
@@ -94,7 +99,8 @@ def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]
         judge_stats = run_judge(session, session.judge, records, aggregates, placed.answers, contexts)
     add_details(records, ranked, placed, contexts)
     add_passage_texts(records, session.docs)
-    result = assemble(session, ranked, placed, aggregates, judge_stats, compression, labels_from).to_json()
+    result = assemble(session, ranked, placed, aggregates, judge_stats, compression, labels_from,
+                      fitted_section(session, output_dir)).to_json()
     lines = [r.to_json() for r in records]
     write_results(output_dir, result, lines,
                   trec_files(result["variant"], lines, session.qa, None if judged is None else judged.labels))
@@ -107,10 +113,13 @@ def rank(session: Session) -> Ranked:
     time, then a sample of them timed again (rag.latency)."""
     timer, retriever, qa = session.timer, session.retriever, session.qa
     queries = [q.question for q in qa]
-    route_ms = None
+    route_ms, routes, unfiltered = None, None, {}
     if retriever.routes:
         with timer.stage("route"):
-            filters, route_ms = retriever.route(queries)
+            routes, route_ms = retriever.routes_of(queries)
+        filters = [r.filter for r in routes]
+        with timer.stage("route_check"):
+            unfiltered = unfiltered_candidates(retriever, queries, filters, session.depth)
     else:
         filters = retriever.filters_for([q.corpus for q in qa])
     hits, retrieve_ms, rerank_ms = retrieve_rerank_all(retriever, session.reranker, queries, filters, session.depth,
@@ -120,7 +129,27 @@ def rank(session: Session) -> Ranked:
     with timer.stage("latency"):
         rows, ms, method = latency.measure(retriever, session.reranker, queries, filters, session.depth,
                                            session.chunk_set.chunks, session.score.k, session.latency)
-    return Ranked(filters, route_ms, hits, rows, ms, method)
+    lost = None
+    if routes is not None:
+        with timer.stage("route_check"):
+            lost = routing_loss(session, queries, filters, unfiltered)
+    return Ranked(filters, route_ms, hits, rows, ms, method, routes, lost)
+
+
+def routing_loss(session: Session, queries: list[str], filters: list[SourceFilter],
+                 unfiltered: dict[int, Hits]) -> dict[str, int]:
+    """The filtered questions whose answer's document the unfiltered search had among its
+    candidates and the filtered one did not (and the other way round). The filtered candidates are
+    the ones the run just searched, kept in memory."""
+    chunks, retriever, depth = session.chunk_set.chunks, session.retriever, session.depth
+
+    def docs(hits: Hits) -> set[str]:
+        return {chunks[int(i)].doc_id for i in hits.ids[0] if i >= 0}
+
+    rows = sorted(unfiltered)
+    answers = [{r.doc for r in session.qa[q].labels if r.grade > 0} for q in rows]
+    return lost_recall(answers, [docs(retriever.search_one(queries[q], depth, filters[q])) for q in rows],
+                       [docs(unfiltered[q]) for q in rows])
 
 
 def compress(session: Session, answer_rows: list[int],
@@ -178,7 +207,9 @@ def add_details(records: list[QuestionRecord], ranked: Ranked, placed: PlacedAns
             lat.generate = round(float(placed.generate_ms[q]), 3)
         if ranked.route_ms is not None:
             lat.route = round(float(ranked.route_ms[q]), 3)
-            rec.routed = sorted(ranked.filters[q] or ())  # routed questions always have a group
+        if ranked.routes is not None:
+            route = ranked.routes[q]
+            rec.routed, rec.route_margin, rec.route_filtered = sorted(route.group), route.margin, route.filtered
         if placed.details is not None and placed.details[q] is not None:
             rec.generation = Generation.from_json({**placed.details[q], **({"from_earlier_run": True} if whole_hit else {})})
         rec.contexts = [GivenContext(c.label, c.text) for c in contexts[q]]
@@ -186,15 +217,17 @@ def add_details(records: list[QuestionRecord], ranked: Ranked, placed: PlacedAns
 
 def assemble(session: Session, ranked: Ranked, placed: PlacedAnswers, aggregates: dict[str, Any],
              judge_stats: dict[str, Any] | None, compression: dict[str, Any] | None = None,
-             labels: dict[str, Any] | None = None) -> RunResult:
+             labels: dict[str, Any] | None = None, fitted: dict[str, Any] | None = None) -> RunResult:
     """The run's result (metrics.json). `labels`: where the relevance labels came from (metrics.json
-    `provenance.labels`; None: the question file's)."""
+    `provenance.labels`; None: the question file's). `fitted`: the parts fitted on other corpora
+    (fitted_section)."""
     settings, overall, router = session.settings, aggregates["overall"], session.retriever.router
     routing = None
     if ranked.route_ms is not None and router is not None:
         routing = {"method": router.method,
-                   **routing_report(ranked.filters, [q.corpus for q in session.qa],
-                                  session.retriever.source_filter.get("groups"))}
+                   **routing_report(ranked.routes or [], [q.corpus for q in session.qa],
+                                    session.retriever.source_filter.get("groups"), router.calibration,
+                                    ranked.lost, session.depth)}
     return RunResult(
         variant=settings.variant,
         objective=Objective(settings.objective, overall[settings.objective]["mean"]),
@@ -219,7 +252,37 @@ def assemble(session: Session, ranked: Ranked, placed: PlacedAnswers, aggregates
         compression=compression,
         slice={what: k.to_json() for what, k in session.kept.items()},
         provenance=run_provenance(session.qa, labels),
+        fitted=fitted,
+        stopped_answers=None if placed.artifact is None or placed.artifact.stopped is None
+        else placed.artifact.stopped.to_json(),
+        backends=backends_section(session),
     )
+
+
+def fitted_section(session: Session, output_dir: str | Path) -> dict[str, Any] | None:
+    """metrics.json `fitted` (rag.fitted): the run's fitted parts, each against the run's corpus,
+    when some part was fitted on another corpus; None otherwise."""
+    config = session.settings.resolved
+    tags = {str(t) for t in np.unique(session.chunk_set.sources)}
+    parts: dict[str, dict[str, Any]] = {}
+    if session.reranker.fitted_on:
+        parts["reranker"] = reranker_part(session.reranker.fitted_on, session.all_docs)
+    source_filter = (config.get("retriever") or {}).get("source_filter") or {}
+    if source_filter.get("mode") == "router":
+        vectors = session.artifacts.record.get("vectors") or {}
+        parts["router"] = router_part(source_filter.get("groups"), tags, vectors.get("key"))
+    if isinstance(session.parts.chunker, RoutedChunker):
+        parts["chunker"] = chunker_part(session.parts.chunker.routes, tags)
+    flagged = [name for name, p in parts.items() if not p["this_corpus"]]
+    command = ablation_command(session.settings.variant, flagged, run_overrides(output_dir), config)
+    return section(session.parts.corpus.title(), session.n_docs_total, parts, command)
+
+
+def note_stopped_answers(answers: Answers) -> None:
+    """Answers cut off at the token limit, said in one line by every run that scores them (also
+    from the cache): they score as worse answers, and the remedy is a setting."""
+    if answers.stopped is not None and answers.stopped.stopped:
+        log.warning("llm: %s; a longer limit lets them finish", answers.stopped.line())
 
 
 def note_answer_sample(session: Session, answer_rows: list[int]) -> None:
@@ -229,7 +292,7 @@ def note_answer_sample(session: Session, answer_rows: list[int]) -> None:
                 session.settings.slice.answer_questions_per_corpus)
     session.kept["answered_questions"] = kept
     if kept.sampled:
-        log.warning(kept.line())
+        log.log(sample_level(session.settings, kept), kept.line())
 
 
 def judge_relevance(session: Session, hits: Hits) -> tuple[JudgedLabels | None, dict[str, Any]]:
@@ -268,6 +331,20 @@ def run_judge(session: Session, judge: Judge, records: list[QuestionRecord], agg
         judged = judge.judge(items, session.cache)
     add_judge_scores([records[i] for i in rows], aggregates, judged, session.score)
     return {**judge.describe(), **judged["stats"]}
+
+
+def backends_section(session: Session) -> dict[str, Any] | None:
+    """metrics.json `backends`: which backend computed each local embedder role's vectors and why
+    (`backend: auto` measures them: rag/embedder/backend_choice.py), each also said in the log;
+    None when no role has a choice of backend."""
+    roles = {"embedder": pipeline_embedder(session.retriever), "eval.embedder": session.eval_embedder}
+    out = {}
+    for role, embedder in roles.items():
+        note = embedder.backend_note if embedder is not None else None
+        if note is not None:
+            log.info("%s: %s", role, note["line"])
+            out[role] = note
+    return out or None
 
 
 def pipeline_embedder(retriever: Retriever) -> Embedder | None:

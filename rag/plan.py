@@ -58,6 +58,7 @@ from rag.reranker.base import Reranker
 from rag.reranker.listwise import ListwiseReranker, read_order
 from rag.reranker.pointwise import PointwiseReranker
 from rag.role_plan import RolePlan, batches, chars_estimate, endpoint_of, prompt_method, prompt_tokens
+from rag.secrets import redacted_data
 from rag.served import served
 from rag.session import Session
 from rag.settings import ROLES
@@ -115,6 +116,7 @@ def dry_run(session: Session, answer_rows: list[int], output_dir: Path) -> dict[
         "bounded_after": exact_until,
     }
     output_dir.mkdir(parents=True, exist_ok=True)
+    plan = redacted_data(plan)  # a base_url from ${oc.env:...} is written as that
     atomic_write_text(output_dir / PLAN_FILE, json.dumps(plan, indent=2))
     return {"dry_run": plan}
 
@@ -205,6 +207,14 @@ def plan_embed(session: Session, embedder: Embedder, queries: list[str], timed: 
         plan.add(len(texts), len(texts), count_tokens(counter, texts))
     plan.notes.append(f"queries: {len(asked)} (one request each), 1 warm-up, {len(again)} timed searches "
                       "(eval.latency; eval.latency.sample=0 sends none)")
+    router, chunk_set = session.retriever.router, session.chunk_set
+    if router is not None:  # mode=router: the filter's threshold is calibrated on pseudo-queries (rag/retriever/routing.py)
+        spans = [embedder.query_prefix + t for t in router.pseudo_queries_of(
+            chunk_set.sources, lambda rows: [chunk_set.chunks[int(i)].text for i in rows])[1]]
+        if spans:
+            plan.add(batches(len(spans), embedder.batch_size), len(spans), count_tokens(counter, spans))
+            plan.notes.append(f"the router's calibration: {len(spans)} pseudo-queries "
+                              "(retriever.source_filter.router.pseudo_queries per group; min_precision=0 sends none)")
     return plan
 
 

@@ -37,3 +37,21 @@ def retrieve_rerank_all(retriever: Retriever, reranker: Reranker, queries: list[
         w = min(k, best.width)
         out.ids[q, :w], out.scores[q, :w] = best.ids[0, :w], best.scores[0, :w]
     return out, spent[0], spent[1]
+
+
+def unfiltered_candidates(retriever: Retriever, queries: list[str], filters: list[SourceFilter],
+                          depth: int) -> dict[int, Hits]:
+    """For each question whose search is filtered, the top `depth` candidates of the unfiltered
+    search, which measure the recall routing loses (rag.retriever.routing.lost_recall). Run
+    before the filtered searches: the encoding the router left for a question is handed on to its
+    filtered search, so that the check asks the embedder for nothing more."""
+    dense = retriever.dense_part()
+    out: dict[int, Hits] = {}
+    for q, (query, f) in enumerate(zip(queries, filters)):
+        if f is None:
+            continue
+        kept = None if dense is None else dense.routed_vectors.get(query)
+        out[q] = retriever.search_one(query, depth, None)
+        if dense is not None and kept is not None:
+            dense.routed_vectors[query] = kept
+    return out

@@ -1,14 +1,16 @@
 """A server's reply read as data, like a file: strict JSON, and the checks the roles share.
 
 Python's json reads NaN, Infinity and -Infinity, which JSON does not have, and 1e999 as an
-infinite float; `decode_reply` refuses them where they stand, so that none reaches a score, a
-vector or a result file. A role's parser raises `BadReply` for a reply of the right shape whose
+infinite float, and reads an escaped lone surrogate ("\\ud800") into a string that no file can hold;
+`decode_reply` refuses them where they stand, so that none reaches a score, a vector, the cache or
+a result file. A role's parser raises `BadReply` for a reply of the right shape whose
 content is wrong; rag/endpoint.py turns it into a one-line error naming the endpoint and model.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -53,7 +55,44 @@ def decode_reply(text: str) -> Any:
         except RecursionError:
             where = "a deeply nested place"
         raise BadReply(f"{found[0][:40]} at {where}, not a finite number")
+    if _SURROGATE_ESCAPE.search(text):  # only an escape makes one: the body's bytes were decoded as UTF-8
+        try:
+            lone = _lone_surrogate(data, "")
+        except RecursionError:
+            lone = ("a deeply nested place", "")
+        if lone is not None:
+            raise BadReply(f"a lone surrogate ({lone[1]}) at {lone[0] or 'the top'}, not text")
     return data
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(node: Any, path: str) -> tuple[str, str] | None:
+    """(where, the surrogate as its escape) of the first string or key that holds a lone surrogate,
+    which UTF-8 cannot encode (a pair of escapes is read as the one character it stands for)."""
+    if isinstance(node, str):
+        try:
+            node.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return path, f"\\u{ord(node[e.start]):04x}"
+        return None
+    children: Iterable[tuple[str | int, Any]]
+    if isinstance(node, dict):
+        for key in node:
+            found = _lone_surrogate(key, path)
+            if found is not None:
+                return (f"a key of {found[0]}" if found[0] else "a key"), found[1]
+        children = node.items()
+    elif isinstance(node, list):
+        children = enumerate(node)
+    else:
+        return None
+    for key, child in children:
+        found = _lone_surrogate(child, path + _step(key, path))
+        if found is not None:
+            return found
+    return None
 
 
 def _where(node: Any, path: str) -> str | None:

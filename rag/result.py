@@ -28,7 +28,7 @@ ABSENT: Any = _Absent()
 REQUIRED = ("variant", "objective", "metrics", "by_corpus", "counts", "latency", "timings_s", "artifacts", "config")
 # metrics.json's key order, which pipeline.run has always kept; optional keys slot in where it put them.
 KEY_ORDER = ("variant", "objective", "metrics", "by_corpus", "counts", "slice", "qa_split", "latency", "latency_method",
-             "usage", "compression", "timings_s", "artifacts", "config", "routing", "provenance")
+             "usage", "stopped_answers", "compression", "timings_s", "artifacts", "backends", "config", "routing", "provenance", "fitted")
 NAN = float("nan")
 
 
@@ -66,6 +66,19 @@ class RunResult:
     # "generators"}, "labels": {"source": "qa" | "llm", ...}} (rag.provenance). None: absent (runs
     # from before it was recorded, read as human questions with the question file's labels).
     provenance: dict[str, Any] | None = None
+    # The run's fitted parts, when some was fitted on corpora other than this run's: {"corpus":
+    # {"name", "documents"}, "parts": {"reranker" | "router" | "chunker": {"on": [{"name",
+    # "fingerprint", "documents"}], "this_corpus", ...}}, "check": the ablation sweep's command}
+    # (rag.fitted). None: absent (every part fitted on this corpus, or a run from before it was recorded).
+    fitted: dict[str, Any] | None = None
+    # How many answers stopped at the generator's token limit: {"stopped": 6, "of": 6, "setting":
+    # "llm.max_tokens", "value": 64} (rag.llm.base.Stopped). None: absent (no answers, a generator
+    # without a limit, or a run from before it was recorded).
+    stopped_answers: dict[str, Any] | None = None
+    # Which backend computed each local embedder role's vectors and why: {"embedder" |
+    # "eval.embedder": {"backend", "precision", "line", "probe"?}} (rag.embedder.backend_choice).
+    # None: absent (no such role, or a run from before it was recorded).
+    backends: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this code does not know, kept as read
 
     # -- reading and writing --------------------------------------------------------------------
@@ -91,6 +104,8 @@ class RunResult:
             qa_split=doc.get("qa_split", ABSENT),
             latency_method=doc.get("latency_method"), usage=doc.get("usage"), routing=doc.get("routing"),
             compression=doc.get("compression"), slice=doc.get("slice"), provenance=doc.get("provenance"),
+            fitted=doc.get("fitted"), stopped_answers=doc.get("stopped_answers"),
+            backends=doc.get("backends"),
             extra={k: v for k, v in doc.items() if k not in KEY_ORDER},
         )
 
@@ -104,7 +119,8 @@ class RunResult:
         absent = {"qa_split": self.qa_split is ABSENT, "latency_method": self.latency_method is None,
                   "usage": not self.usage, "routing": self.routing is None,  # usage: never written empty
                   "compression": not self.compression, "slice": self.slice is None,
-                  "provenance": self.provenance is None}
+                  "provenance": self.provenance is None, "fitted": self.fitted is None,
+                  "stopped_answers": self.stopped_answers is None, "backends": self.backends is None}
         doc = {key: getattr(self, key) for key in KEY_ORDER if not absent.get(key, False)}
         doc["objective"] = {"name": self.objective.name, "value": self.objective.value}  # keeps its place
         return {**doc, **self.extra}
@@ -133,6 +149,10 @@ class RunResult:
         if self.compression:
             row["compression_removed_share"] = self.compression.get("chars_removed_share")
             row["compression_fallbacks"] = self.compression.get("fallback_questions")
+        if self.routing:  # the router's accuracy, the share it filtered, the questions that filter lost
+            row["routing_accuracy"] = self.routing.get("accuracy")
+            row["routing_routed_share"] = self.routing.get("routed_share")
+            row["routing_lost_recall"] = (self.routing.get("lost_recall") or {}).get("lost")
         if roles:
             row["cost_total"] = sum(float(u.get("cost") or 0.0) for u in roles.values())
             row["currency"] = (self.usage or {}).get("currency")

@@ -5,7 +5,9 @@ never needs to hold one. A value that looks like a secret is therefore refused w
 (a key override, a key pasted where a variable's name belongs, credentials in a URL) before Hydra
 or ragrig writes the configuration anywhere, and the refusal names the key without its value.
 `redact(text)` is the net behind that: every log line (rag.logs) and the HTTP client's error lines
-go through it.
+go through it. A value the config takes from the environment (`${oc.env:NAME}`) is used as it is
+but written as `${oc.env:NAME}`: every file ragrig writes configuration or a component's id into
+goes through `redacted_data`.
 """
 from __future__ import annotations
 
@@ -18,11 +20,24 @@ from rag.types import RagError
 
 REDACTED = "…redacted"
 
-# Config keys that would hold a credential itself rather than the name of a variable holding it
-# (the names, and their endings: OPENAI_API_KEY, db_password; not max_tokens or per_token).
-_SECRET_KEYS = {"api_key", "apikey", "token", "access_token", "auth_token", "api_token", "bearer_token", "hf_token",
-                "password", "passwd", "secret", "client_secret", "authorization"}
-_SECRET_ENDINGS = ("_api_key", "_apikey", "_access_token", "_auth_token", "_api_token", "_password", "_secret")
+# Config keys that would hold a credential itself rather than the name of a variable holding it.
+# A key is read as its words, whatever the spelling (`x-api-key`, `X_Api_Key`, `sessionToken`):
+# a word that only ever names a credential, a `<what>_key` of these owners, or a last word `token`
+# not after one of the tokenizer's words (`session_token`, `hf_token`; not `bos_token`,
+# `per_token`, nor `max_tokens`). A name ending in `_env` names a variable and is none of these.
+_SECRET_WORDS = {"apikey", "password", "passwd", "passphrase", "secret", "credential", "credentials", "cookie", "cookies",
+                 "authorization", "auth", "bearer", "accesstoken"}
+_KEY_OWNERS = {"api", "access", "private", "secret", "signing", "encryption", "client", "subscription", "license",
+               "master", "session", "auth"}
+_TOKENIZER_WORDS = {"bos", "eos", "pad", "unk", "sep", "cls", "mask", "per", "max", "min", "num", "special", "start",
+                    "end", "stop", "first", "last", "new", "prefix", "suffix", "eot", "default", "image", "sentinel"}
+# Roles whose node has `api_key_env` (conf: llm=openai, embedder=openai, reranker=http, eval.judge,
+# and any llm@<node>.llm=openai): the last word of the node that a refusal names.
+_KEYED_ROLES = ("llm", "embedder", "reranker", "judge")
+# ragrig's own variables (RAGRIG_DATA, RAGRIG_CACHE, RAGRIG_JOBS, ...) name places and counts, and
+# where a run read its data from is part of its record; any other `${oc.env:NAME}` may hold a
+# credential, and its value is written as the interpolation it came from.
+_OWN_VARIABLES = "RAGRIG_"
 # The shapes of common providers' keys: the prefix is kept in messages (it says which key it was).
 _KEY_PATTERNS = (
     r"sk-[A-Za-z0-9_\-]{16,}", r"sk_(?:live|test)_[A-Za-z0-9]{16,}", r"rk_(?:live|test)_[A-Za-z0-9]{16,}",
@@ -78,9 +93,32 @@ def is_env_name(value: object) -> bool:
     return value in os.environ or not looks_like_secret(value)
 
 
-def _is_secret_key(key: str) -> bool:
-    k = key.lower()
-    return k in _SECRET_KEYS or k.endswith(_SECRET_ENDINGS)
+def key_words(key: str) -> list[str]:
+    """A key's words, lower case: `x-api-key`, `X_API_KEY` and `xApiKey` are all x, api, key."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(key))
+    return [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a config key (its last part) names a credential itself (see `_SECRET_WORDS`)."""
+    words = key_words(str(key).rpartition(".")[2])
+    if not words or words[-1] == "env":
+        return False
+    if any(w in _SECRET_WORDS for w in words) or "".join(words) in _SECRET_WORDS:
+        return True
+    if any(a in _KEY_OWNERS and b == "key" for a, b in zip(words, words[1:])):
+        return True
+    return words[-1] == "token" and (len(words) == 1 or words[-2] not in _TOKENIZER_WORDS)
+
+
+def key_setting(key: str) -> str:
+    """What to do instead of writing a key into `key`: export it and name the variable in the
+    role's `api_key_env` (an endpoint's `extra_body.token` is the role's; ragrig sends the key as
+    `Authorization: Bearer`)."""
+    role = key.partition(".endpoint.")[0] if ".endpoint." in key else key.rpartition(".")[0]
+    if role.rpartition(".")[2] in _KEYED_ROLES and not role.startswith("hydra"):
+        return f"export it and set {role}.api_key_env=NAME (the variable's name; sent as Authorization: Bearer)"
+    return "export it and name its variable in the api_key_env of the role that sends it (llm, embedder, reranker, eval.judge)"
 
 
 def problem(key: str, value: object) -> str | None:
@@ -89,11 +127,8 @@ def problem(key: str, value: object) -> str | None:
     name = key.rpartition(".")[2]
     if value is None or value == "":
         return None
-    if _is_secret_key(name) and isinstance(value, str):  # (a number is a setting, not a key)
-        parent = key.rpartition(".")[0]
-        where = f"{parent}.api_key_env=NAME" if parent and not parent.startswith("hydra") else "the role's api_key_env=NAME"
-        return (f"{key} is not accepted: a key in the config would be written into the run's files; "
-                f"export it and set {where} (the variable's name)")
+    if is_secret_key(name) and isinstance(value, str):  # (a number is a setting, not a key)
+        return f"{key} is not accepted: a key in the config would be written into the run's files; {key_setting(key)}"
     if name.lower().endswith("_env") and not is_env_name(value):
         what = "looks like a key" if looks_like_secret(value) else "is not a variable's name"
         shown = _shown(str(value)) if looks_like_secret(value) else REDACTED
@@ -158,14 +193,55 @@ def check(data: Any) -> None:
         raise RagError(line)
 
 
-def redacted_data(node: Any) -> Any:
-    """A copy of plain config data with every string passed through `redact` (for the run's record
-    of its configuration, .hydra/)."""
+# `${oc.env:NAME}` and `${oc.env:NAME,default}`: the variable's name.
+_ENV_REFERENCE = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
+# Values an `${oc.env:NAME}` of a validated config resolved to -> NAME. A run resolves its config
+# once and hands the values to its components, whose ids and records are written far from the
+# config (cache manifests, generated questions' provenance): the value itself is the only thread
+# back to where it came from. It only grows (one process may validate many jobs' configs).
+_FROM_ENVIRONMENT: dict[str, str] = {}
+_SHORTEST_INSIDE = 6  # a shorter value ("1", "true") is replaced only where it is the whole string
+
+
+def note_environment(raw: Any) -> None:
+    """Remembers what each `${oc.env:NAME}` in `raw` (a config as written, unresolved) resolves
+    to, so that `redacted_data` writes the interpolation instead of the value. Variables that are
+    unset (their default stands, written in the config) and ragrig's own are left out."""
+    for _, value in _leaves(raw):
+        if not isinstance(value, str):
+            continue
+        for name in _ENV_REFERENCE.findall(value):
+            resolved = os.environ.get(name)
+            if resolved and not name.startswith(_OWN_VARIABLES):
+                _FROM_ENVIRONMENT[resolved] = name
+
+
+def _unresolved(text: str) -> str:
+    """`text` with every value that came from the environment written as its interpolation."""
+    name = _FROM_ENVIRONMENT.get(text)
+    if name is not None:
+        return f"${{oc.env:{name}}}"
+    for value in sorted((v for v in _FROM_ENVIRONMENT if len(v) >= _SHORTEST_INSIDE), key=len, reverse=True):
+        if value in text:
+            text = text.replace(value, f"${{oc.env:{_FROM_ENVIRONMENT[value]}}}")
+    return text
+
+
+def redacted_data(node: Any, key: str = "") -> Any:
+    """Plain data as ragrig may write it into a file (metrics.json, config_resolved.yaml, .hydra/,
+    a cache manifest, a generated question's provenance, dry_run.json, failure.json): a copy in
+    which a value from `${oc.env:NAME}` is that interpolation again, a string under a key that
+    names a credential (`is_secret_key`) is `REDACTED`, and every string has passed `redact`.
+    Every writer of configuration or of a component's id goes through this one function."""
     if isinstance(node, dict):
-        return {k: redacted_data(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [redacted_data(v) for v in node]
-    return redact(node) if isinstance(node, str) else node
+        return {k: redacted_data(v, str(k)) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [redacted_data(v, key) for v in node]
+    if not isinstance(node, str):
+        return node
+    if node and is_secret_key(key) and not node.startswith("${"):  # (an interpolation as written names no value)
+        return REDACTED
+    return redact(_unresolved(node))
 
 
 _ASSIGNMENT = re.compile(r"(?P<key>[+~]?[A-Za-z_][\w.]*)=(?P<value>[^\s'\",)\]]+)")

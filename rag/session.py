@@ -72,19 +72,26 @@ def _unknown_setting(e: InstantiationException, node: Any) -> str | None:
 
     from hydra.utils import get_method
 
-    m = re.search(r"unexpected keyword argument '([^']+)'", str(e.__cause__ or ""))
+    cause = str(e.__cause__ or "")
+    m = re.search(r"unexpected keyword argument '([^']+)'", cause)
     full = re.search(r"full_key: (\S+)", str(e))
-    if m is None or not isinstance(node, DictConfig):
+    # A class without a constructor of its own (llm=none's NoGenerator) takes no settings at all,
+    # and Python names none of the keys it was given: the node's own keys are those.
+    takes_none = re.search(r"takes no (keyword )?arguments", cause) is not None
+    if (m is None and not takes_none) or not isinstance(node, DictConfig):
         return None
-    key = m.group(1)
     prefix = f"{full.group(1)}." if full else ""
     # The node Hydra failed in may be nested (retriever.embedder): find it under the one we built.
     parts = full.group(1).split(".") if full else []
     nested = (OmegaConf.select(node, ".".join(parts[i:])) for i in range(len(parts)))
     failed = next((n for n in nested if isinstance(n, DictConfig) and "_target_" in n), node)
     target = failed.get("_target_")
-    if not target:
+    given = [str(k) for k in failed if not str(k).startswith("_")]
+    if not target or (m is None and not given):
         return None
+    key = m.group(1) if m is not None else given[0]
+    if m is None:
+        return _no_settings_line(prefix, key, str(target), failed.get(key))
     try:
         params = [p for p in inspect.signature(get_method(target)).parameters if p not in ("self", "args", "kwargs")]
     except Exception:  # noqa: BLE001 - no signature to show: name the key alone
@@ -95,6 +102,20 @@ def _unknown_setting(e: InstantiationException, node: Any) -> str | None:
         return f"{prefix}{key} is now {prefix}endpoint.{key}"
     known = f"; its settings: {', '.join(params)}" if params else ""
     return f"{prefix}{key} is not a setting of {target.rpartition('.')[2]}{near_names(key, params)}{known}"
+
+
+def _no_settings_line(prefix: str, key: str, target: str, value: Any) -> str:
+    """`+llm.max_tokens=32` with llm=none: the class takes no settings; the options of the group
+    that have the key, when there are any (llm=openai has max_tokens)."""
+    from rag.config import options_with
+
+    line = f"{prefix}{key} is not a setting of {target.rpartition('.')[2]}, which takes none"
+    group = prefix.rstrip(".")
+    having = options_with(group, key) if group and "." not in group else []
+    if having:
+        others = f" (and {', '.join(having[1:])})" if len(having) > 1 else ""
+        line += f"; it is a setting of {group}={having[0]}{others}: add {group}={having[0]} before {group}.{key}={value}"
+    return line
 
 
 @dataclass
@@ -135,6 +156,8 @@ class Session:
     # What the slice kept of each input ("documents", "questions"; the run adds "answered
     # questions"): metrics.json's `slice`.
     kept: dict[str, Kept] = field(default_factory=dict)
+    # The whole corpus before the slice, in order: what the fitted parts' records compare with (rag.fitted).
+    all_docs: Sequence[Document] = ()
 
     # The components, under the names the stages use.
     @property
@@ -231,7 +254,8 @@ def open_session(settings: Settings, askers: Sequence[Asker] = (), scored: bool 
             parts.retriever.warm_up()
         if not (settings.dry_run and served(parts.reranker)):
             parts.reranker.warm_up()
-    session = Session(settings, cache, timer, parts, qa, docs, len(all_docs), skipped, chunk_set, artifacts, kept)
+    session = Session(settings, cache, timer, parts, qa, docs, len(all_docs), skipped, chunk_set, artifacts, kept,
+                      all_docs)
     if session.depth > len(chunk_set):
         log.warning("retrieval depth %d exceeds the %d chunks; every chunk is a candidate", session.depth, len(chunk_set))
     return session
@@ -251,8 +275,14 @@ def apply_slice(settings: Settings, all_qa: list[QAItem], all_docs: list[Documen
         del kept["questions"]
     for k in kept.values():
         if k.sampled:
-            log.warning(k.line())
+            log.log(sample_level(settings, k), k.line())
     return qa, docs, kept
+
+
+def sample_level(settings: Settings, kept: Kept) -> int:
+    """WARNING for a sample the user asked for (they may not expect to lose questions), INFO for
+    the configuration's own: make demo's documented slice is no warning to a newcomer."""
+    return logging.WARNING if kept.setting in settings.slice.chosen else logging.INFO
 
 
 def model_cache(settings: Settings) -> ArtifactCache:

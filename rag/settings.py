@@ -17,11 +17,13 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from eval.scoring import ScoreSettings
+from experiments import metric_info as MI
 from rag.chunker.contextualize import check_mode
 from rag.latency import LatencySettings
 from rag.schema import (CHART_FORMATS, Check, boolean, check_all, check_components, integer, label, number, path,
                         resolved, string, strings)
 from rag.secrets import check as check_secrets
+from rag.secrets import note_environment
 from rag.types import RagError
 
 
@@ -52,6 +54,10 @@ class Slice:
     questions_per_corpus: int | None
     answer_questions_per_corpus: int | None  # questions per corpus tag that get answers
     seed: int
+    # The settings a user set for this run (the command line, a sweep's parameter): a sample they
+    # take is said in the terminal; the configuration's own (the shipped slice, make demo's answered
+    # sample) only in run.log, metrics.json and the report.
+    chosen: frozenset[str] = frozenset()
 
     RULES: ClassVar[dict[str, Check]] = {
         "docs_per_source": integer(1, nullable=True),
@@ -72,6 +78,12 @@ class ContextSettings:
     RULES: ClassVar[dict[str, Check]] = {"labels": boolean, "expand_neighbors": integer(0), "budget_chars": integer(1)}
 
 
+def check_min_effect(key: str, value: Any) -> None:
+    """report.min_effect: metric -> the smallest difference that matters (experiments.metric_info)."""
+    if value is not None:
+        MI.min_effects(value, key)
+
+
 @dataclass(frozen=True)
 class RunReport:
     """The `report` node as a run reads it: report.html beside metrics.json. A sweep's summary
@@ -87,6 +99,7 @@ class RunReport:
         "fail_on": string(choices=("all", "any", "never")),
         "html": boolean,
         "max_context_chars": integer(1),
+        "min_effect": check_min_effect,
     }
 
 
@@ -226,6 +239,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     check_secrets(raw)  # before a missing value is reported
     data = resolved(cfg)
     check_secrets(data)  # and what interpolations (${oc.env:...}) resolved to
+    note_environment(raw)  # those values are written back as their ${oc.env:...} (rag.secrets.redacted_data)
     check_all(data, RULES)
     check_components(raw, data, [*COMPONENTS, *_built_if_chosen(data)])
     return data
@@ -271,7 +285,8 @@ def load(cfg: DictConfig) -> Settings:
         max_doc_chars=data.get("max_doc_chars"),
         paths=Paths.from_data(data["paths"]),
         slice=Slice(**{k: data["slice"].get(k) for k in ("docs_per_source", "questions_per_corpus",
-                                                          "answer_questions_per_corpus", "seed")}),
+                                                          "answer_questions_per_corpus", "seed")},
+                    chosen=chosen_slice_settings(command_line_overrides())),
         context=ContextSettings(**_known(data.get("context") or {}, ContextSettings, "context")),
         report=RunReport(html=report.get("html", True), max_context_chars=report.get("max_context_chars")),
         score=score,
@@ -287,6 +302,32 @@ def load(cfg: DictConfig) -> Settings:
         dry_run=bool(data.get("dry_run")) or bool((data.get("llm") or {}).get("dry_run")),
         contextualize=contextualize,
     )
+
+
+def command_line_overrides() -> list[str] | None:
+    """This run's overrides as Hydra took them (the command line, a sweep job's parameters);
+    None outside a Hydra run (the Python API, tests), where every sample counts as chosen."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return [str(o) for o in HydraConfig.get().overrides.task]
+
+
+def chosen_slice_settings(overrides: list[str] | None) -> frozenset[str]:
+    """The slice settings among `overrides` ("slice.questions_per_corpus=20", "slice=all"); None:
+    all of them."""
+    names = ("slice.docs_per_source", "slice.questions_per_corpus", "slice.answer_questions_per_corpus")
+    if overrides is None:
+        return frozenset(names)
+    chosen: set[str] = set()
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in ("slice", "slice.seed"):  # another slice altogether: all of its samples are the user's
+            chosen.update(names)
+        elif key in names:
+            chosen.add(key)
+    return frozenset(chosen)
 
 
 def chunker_node(node: DictConfig) -> DictConfig:

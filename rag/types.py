@@ -17,6 +17,16 @@ class RagError(Exception):
 
 @dataclass(frozen=True)
 class Document:
+    """One document of a corpus.
+
+    Attributes:
+        id: The document id, unique in the corpus (a corpus file's `id`).
+        text: Its text; chunks are character spans of it.
+        source: Its group tag (a corpus file's `group`): "pubmed", "libc", "pytorch", or any tag a
+            corpus of yours declares; source filters, per-group chunking and metrics read it.
+        meta: Every other field of the corpus file, kept as it is (title, URL, ...).
+    """
+
     id: str
     text: str
     source: str  # "pubmed" | "libc" | "pytorch" | anything a user corpus declares
@@ -85,8 +95,37 @@ class Relevance:
         return out
 
 
+# The largest relevance grade a label may carry. Graded collections use 0-3 or 0-4 (TREC, BEIR);
+# trec_eval holds a grade in a C int, so a larger one (a score pasted where a grade belongs) would
+# pass every other check and crash the scoring after the whole pipeline ran. Checked where labels
+# are read: rag.qa (`relevant`), rag.corpus.beir (qrels) and experiments.gate (--qrels).
+MAX_GRADE = 1000
+
+
+def check_grade(grade: int, what: str, lo: int = 0) -> int:
+    """`grade` when it lies from `lo` to MAX_GRADE; otherwise RagError naming `what` (the file,
+    its line and the field)."""
+    if not lo <= grade <= MAX_GRADE:
+        raise RagError(f"{what} must be from {lo} to {MAX_GRADE}, got {grade} (a grade is a small whole number, e.g. 0-3)")
+    return grade
+
+
 @dataclass(frozen=True)
 class QAItem:
+    """One question of a question set.
+
+    Attributes:
+        id: The question id, unique in the set.
+        question: The question text.
+        answer: The ground-truth answer G; None when the set has only relevance labels (BEIR).
+        source: The document id of the question's source document, the one that holds its
+            answer (a question file's `doc_id`); None when not known.
+        corpus: The group tag of that document (a question file's `group`).
+        relevant: Graded relevance labels; empty: the source document, grade 1.
+        provenance: How a generated question was made (`python -m rag.testset`); None: written by
+            a person.
+    """
+
     id: str
     question: str
     answer: str | None  # ground truth G; None when a set has only relevance labels (BEIR queries)

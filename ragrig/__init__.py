@@ -3,17 +3,20 @@ do, from a notebook or a script.
 
     import ragrig
 
-    run = ragrig.run(["+version=v3", "corpus=jsonl", "corpus.path=docs.jsonl",
-                      "qa=jsonl", "qa.path=questions.jsonl"])
-    run.metrics["mrr"]                      # the mean of each metric
-    run.per_question()                      # one row per question (pandas)
+    data = ["corpus=jsonl", "corpus.path=docs.jsonl", "qa=jsonl", "qa.path=questions.jsonl"]
+    v1 = ragrig.run(["+version=v1", *data])
+    v3 = ragrig.run(["+version=v3", *data])
+    v3.metrics["mrr"]                       # the mean of each metric
+    v3.per_question()                       # one row per question (pandas)
 
-    with ragrig.open_session(["+version=v3"]) as session:
+    with ragrig.open_session(["+version=v3", *data]) as session:
         print(session.ask("What does O_NONBLOCK do?").answer)
 
-    cmp = ragrig.compare([run_v1.path, run.path])
+    cmp = ragrig.compare([v1, v3])
     print(cmp.verdict)                      # the verdict as the command line prints it
     cmp.table                               # one row per run (pandas)
+
+Relative paths (`docs.jsonl`) are read from the directory Python was started in.
 
 Overrides are written exactly as on the command line, so a configuration means the same thing
 in both. Every name exported here is the stable surface; the modules behind it (`rag.*`, `eval.*`,

@@ -97,6 +97,11 @@ LATENCY_CLAUSES = [
     re.compile(rf",? but (?:loses|wins) on {_LAT} by <ms> \[<ms>, <ms>\]"),  # after a run's other results
     re.compile(rf"(?:; )?\S+ (?:loses to|beats) \S+ on {_LAT} by <ms> \[<ms>, <ms>\](?=[;.])"),  # a run's only result
     re.compile(rf"(?<=: ){_LAT} <ms>; |;? {_LAT} <ms>(?=[;.])"),  # in the detectable-differences list
+    # a significant latency difference below the smallest that matters (on a loaded machine the
+    # baseline is slower, and its 10% larger): named as neither a win nor a loss
+    re.compile(rf" Significant, but smaller than the smallest difference that matters \(report\.min_effect\), so "
+               rf"neither a win nor a loss: \S+ on {_LAT} by <ms> \[<ms>, <ms>\] \(it takes <ms>\)"
+               rf"(?:(?:, | and )\S+ on {_LAT} by <ms> \[<ms>, <ms>\] \(it takes <ms>\))*\."),
 ]
 
 

@@ -108,3 +108,55 @@ def test_a_session_on_your_own_corpus_needs_no_question_set(tiny_files):
     with ragrig.open_session(overrides) as session:
         got = session.ask("How does AdamW apply weight decay?")
     assert got.contexts[0].label == "torch:torch.optim.AdamW"
+
+
+# ---- a string where a list belongs; a run without its per-question file --------------------------
+
+@pytest.mark.parametrize("call, expect", [
+    (lambda: ragrig.run("+version=v1"), "overrides must be a list, e.g. ['+version=v1']; got str '+version=v1'"),
+    (lambda: ragrig.compose("eval.k=3"), "overrides must be a list, e.g. ['+version=v1']; got str 'eval.k=3'"),
+    (lambda: ragrig.open_session("+version=v1").__enter__(), "overrides must be a list"),
+    (lambda: ragrig.compare("outputs/runs"), "runs must be a list, e.g. ['outputs/a', 'outputs/b'] (run directories, "
+                                             "sweep directories or Run objects); got str 'outputs/runs'"),
+    (lambda: ragrig.compare(__import__("pathlib").Path("outputs/runs")), "runs must be a list, e.g. ['outputs/a'"),
+    (lambda: ragrig.compare(b"outputs/runs"), "runs must be a list"),
+])
+def test_a_string_given_where_a_list_belongs_is_a_type_error_saying_what_to_pass(call, expect):
+    with pytest.raises(TypeError) as e:
+        call()
+    assert str(e.value).startswith(expect)
+
+
+def test_compare_given_one_run_object_asks_for_a_list(tmp_path):
+    from tests.test_experiments import write_run
+
+    run = ragrig.load_run(write_run(tmp_path / "a", values={"mrr": [0.1, 0.2]}))
+    with pytest.raises(TypeError, match=r"^runs must be a list, e.g. \['outputs/a', 'outputs/b'\].*; got Run"):
+        ragrig.compare(run)
+
+
+def test_per_question_of_a_run_without_the_file_or_with_a_bad_line_is_a_rag_error(tmp_path):
+    from tests.test_experiments import write_run
+
+    path = write_run(tmp_path / "a", values={"mrr": [0.1, 0.2]})
+    run = ragrig.load_run(path)
+    assert list(run.per_question()["mrr"]) == [0.1, 0.2]
+    (path / "per_question.jsonl").write_text('{"id": "q0", "mrr": 0.1}\n{"id": "q1", "mrr": Infinity}\n')
+    with pytest.raises(ragrig.RagError) as e:
+        run.per_question()
+    assert str(e.value) == f"{path}: unreadable per_question.jsonl, line 2: Infinity at mrr, not a finite number"
+    (path / "per_question.jsonl").unlink()
+    with pytest.raises(ragrig.RagError) as e:
+        run.per_question()
+    assert str(e.value) == f"{path / 'per_question.jsonl'}: no such file (the run wrote no per-question records)"
+
+
+def test_the_api_docstrings_examples_run():
+    """The `>>>` examples of ragrig.api's docstrings (the API reference page shows them) give what
+    they say."""
+    import doctest
+
+    import ragrig.api
+
+    result = doctest.testmod(ragrig.api, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 1 and result.failed == 0

@@ -49,3 +49,51 @@ def test_ask_on_your_own_corpus_needs_no_question_set(tiny_files):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[1] torch:torch.optim.AdamW" in done.stdout
     assert "question" not in done.stderr.lower(), "nothing about a question set"
+
+
+def test_control_characters_from_the_server_and_the_corpus_are_shown_escaped(tiny_files):
+    """A served answer and a corpus document are data: their NUL, ESC (a colour, a screen clear, a
+    window title) and C1 bytes reach the terminal escaped; newlines and tabs of the answer stay."""
+    import re
+
+    from tests.conftest import TINY_DOCS, write_jsonl
+    from tests.scripted_endpoint import ScriptedEndpoint, completion
+
+    hostile = "fcntl64 \x1b[2J\x1b]0;pwned\x07 was added\x00 for large file offsets \x9b31m"
+    write_jsonl(tiny_files["corpus"], [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS]
+                + [{"id": "man:evil.2", "text": hostile, "source": "libc"}])
+    answer = "It was\x00 added \x1b[31mfor offsets\x1b[0m\nin Linux\t2.4 \x9b \x7f"
+    with ScriptedEndpoint(lambda r, n: (200, {}, completion(answer))) as srv:
+        done = ask(["Why was fcntl64 added?", *tiny_overrides(tiny_files), "llm=openai", f"llm.base_url={srv.base_url}",
+                    "llm.model=m", "eval.k=10"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out), "no control character reaches the terminal raw"
+    assert "A: It was\\x00 added \\x1b[31mfor offsets\\x1b[0m\nin Linux\t2.4 \\x9b \\x7f\n" in out
+    assert "fcntl64 \\x1b[2J\\x1b]0;pwned\\x07 was added\\x00 for large file offsets \\x9b31m" in out
+
+
+def test_a_reply_that_held_no_answer_is_said_so(tiny_files):
+    from tests.scripted_endpoint import ScriptedEndpoint
+
+    refusal = {"choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": None, "refusal": "I can't."}}]}
+    with ScriptedEndpoint(lambda r, n: (200, {}, refusal)) as srv:
+        done = ask(["Why was fcntl64 added?", *tiny_overrides(tiny_files), "llm=openai", f"llm.base_url={srv.base_url}",
+                    "llm.model=m"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "A: (no answer: the server's reply held none: refusal)" in done.stdout
+
+
+def test_every_control_character_but_newline_and_tab_is_escaped():
+    from rag.ask import format_answer, printable
+
+    controls = "".join(map(chr, [*range(0x20), 0x7f, *range(0x80, 0xa0)]))
+    shown = printable(controls + "\ud800 é ✓")
+    assert shown.count("\\x") == len(controls) - 2 and "\n" in shown and "\t" in shown
+    assert shown.endswith("\\ud800 é ✓")
+    out = format_answer({"question": "why\x1b[8m?", "answer": "a\x00", "latency_ms": {"retrieve": 1.0}, "contexts": [
+        {"label": "doc\x1b]0;t\x07", "score": 0.5, "text": "text\x00 \x1b[2J \udc80"}]})
+    assert "Q: why\\x1b[8m?" in out and "A: a\\x00" in out and "[1] doc\\x1b]0;t\\x07  score 0.500" in out
+    assert "text\\x00 \\x1b[2J \\udc80" in out
+    out.encode("utf-8")  # a lone surrogate from a corpus would end the print with a UnicodeEncodeError

@@ -188,6 +188,7 @@ CASES = [
     Case("objective needs answers (BEIR-like set)", lambda f, t: [f"qa.path={_qa_with(t, [{'id': 'x', 'question': 'q?', 'relevant': [{'doc': 'man:pipe.2'}]}])}"], "objective 'mrr' needs questions with a ground-truth answer"),
     Case("router with BM25 alone", overrides("retriever=bm25", "retriever.source_filter.mode=router"), "mode=router routes in the dense embedder's space"),
     Case("unknown router method", overrides("+version=v2", "retriever.source_filter.router.method=knn"), "router.method must be one of ['centroid', 'logistic'], got 'knn'"),
+    Case("router precision above 1", overrides("+version=v2", "retriever.source_filter.router.min_precision=1.5"), "router.min_precision must be a number from 0 (filter every question) to 1 (filter none), got 1.5"),
     Case("document over the size limit", overrides("max_doc_chars=100"), "characters, over max_doc_chars (100)"),
     # ---- the defects a probe of the inputs found, one case each ------------------------------
     Case("question tag in no filter group (#2)", lambda f, t: [f"qa.path={_qa_tag('other')(t)}", QUESTION],
@@ -257,6 +258,22 @@ CASES = [
     Case("question path a directory (#25)", qa_file(_a_directory("qa-dir")), "qa-dir: is a directory, expected a file"),
     Case("a setting the component does not take (#25)", overrides("+chunker.chunk_sise=64"),
          "chunker.chunk_sise is not a setting of SlidingWindowChunker (did you mean chunk_size or chunk_overlap?)"),
+    # ---- a grade is a small whole number, refused where it is read --------------------------
+    Case("label grade past a 64-bit integer", qa_file(_qa_field(relevant=[{"doc": "man:pipe.2", "grade": 2**63}])),
+         "q.jsonl:1: relevant[0]: 'grade' must be from 0 to 1000, got 9223372036854775808"),
+    Case("label grade a score, not a grade", qa_file(_qa_field(relevant=[{"doc": "man:pipe.2", "grade": 1001}])),
+         "q.jsonl:1: relevant[0]: 'grade' must be from 0 to 1000, got 1001"),
+    # ---- a setting added to an option that takes none -----------------------------------------
+    Case("a setting of llm=none", overrides("+llm.max_tokens=32"),
+         "llm.max_tokens is not a setting of NoGenerator, which takes none; it is a setting of llm=openai: "
+         "add llm=openai before llm.max_tokens=32", early=True),
+    Case("a setting of reranker=none", overrides("reranker=none", "+reranker.top_n=5"),
+         "reranker.top_n is not a setting of NoReranker, which takes none; it is a setting of reranker=cross_encoder", early=True),
+    Case("a setting of compressor=none", overrides("+compressor.k=5"),
+         "compressor.k is not a setting of NoCompressor, which takes none", early=True),
+    Case("a sampling setting of llm=none", overrides("+llm.temperature=0.2"),
+         "llm.temperature is not a setting of NoGenerator, which takes none; it is a setting of llm=openai (and openvino, "
+         "smollm2): add llm=openai before llm.temperature=0.2", early=True),
 ]
 
 

@@ -229,3 +229,117 @@ def test_available_says_whether_an_artifact_would_be_read_rather_than_built(tmp_
     assert cache.available("thing", "k1") and not cache.available("thing", "k2")
     assert not (tmp_path / "cache" / "thing" / "k1").exists(), "asking restores nothing"
     assert not ArtifactCache(tmp_path / "cache2").available("thing", "k1")
+
+
+# -- an entry is the entry of the key asked for ---------------------------------------------------
+
+def _copy_entry(src, dst):
+    import shutil
+
+    shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+
+
+def test_a_directory_copied_over_another_keys_entry_is_named_and_rebuilt(tmp_path, caplog):
+    """Its files are intact by their own checksums, so only the manifest's key tells that they are
+    another configuration's payload."""
+    cache, calls = ArtifactCache(tmp_path), []
+    mine = cache.get_or_build("thing", "k1", _writer(calls))
+    other = cache.get_or_build("thing", "k2", lambda tmp: {"n": (tmp / "payload.txt").write_text("other")})
+    _copy_entry(other.path, mine.path)
+    assert cache.lookup("thing", "k1") is None and not cache.available("thing", "k1")
+    with caplog.at_level("WARNING"):
+        again = cache.get_or_build("thing", "k1", _writer(calls))
+    assert not again.hit and calls == [1, 1] and again.file("payload.txt").read_text() == "hello"
+    assert f"cache: {mine.path} is damaged (it holds the entry of key 'k2', not 'k1': a moved or copied directory); " \
+           "rebuilding it" in caplog.text
+    assert cache.lookup("thing", "k2").file("payload.txt").read_text() == "other", "the other key's entry is untouched"
+
+
+def test_an_entry_of_another_kind_under_the_same_key_is_rebuilt(tmp_path, caplog):
+    cache, calls = ArtifactCache(tmp_path), []
+    import shutil
+
+    index = cache.get_or_build("index", "k1", lambda tmp: {"n": (tmp / "payload.txt").write_text("other")})
+    shutil.copytree(index.path, tmp_path / "vectors" / "k1")
+    assert cache.lookup("vectors", "k1") is None
+    with caplog.at_level("WARNING"):
+        cache.get_or_build("vectors", "k1", _writer(calls))
+    assert calls == [1] and "holds a 'index' entry, not a 'vectors' one" in caplog.text
+
+
+@pytest.mark.parametrize("manifest", ["[1, 2]", '{"key": "k1", "files": {"payload.txt": 5}}', '{"key": "k1"}'])
+def test_a_manifest_that_no_build_wrote_is_a_damaged_entry(manifest, tmp_path):
+    cache, calls = ArtifactCache(tmp_path), []
+    art = cache.get_or_build("thing", "k1", _writer(calls))
+    (art.path / "manifest.json").write_text(manifest)
+    assert cache.lookup("thing", "k1") is None
+    assert not cache.get_or_build("thing", "k1", _writer(calls)).hit and calls == [1, 1]
+
+
+def test_a_seed_entry_under_another_keys_name_is_built_instead(tmp_path, caplog):
+    seed, calls = _seed_with_thing(tmp_path), []
+    (seed / "thing" / "k1").rename(seed / "thing" / "k9")  # intact files, a key that is not theirs
+    cache = ArtifactCache(tmp_path / "cache", seed=seed)
+    assert not cache.available("thing", "k9")
+    with caplog.at_level("WARNING"):
+        art = cache.get_or_build("thing", "k9", _writer(calls))
+    assert calls == [1] and not art.hit and "seeded_from" not in art.manifest
+    assert f"cache: seed entry {seed / 'thing' / 'k9'} is damaged (it holds the entry of key 'k1', not 'k9': " \
+           "a moved or copied directory); building it instead" in caplog.text
+
+
+def test_the_seed_ships_no_entry_held_under_another_keys_name(tmp_path):
+    from rag.seed import build_seed
+
+    seeding = ArtifactCache(tmp_path / "seeding")
+    a = seeding.get_or_build("thing", "k1", _writer([]))
+    b = seeding.get_or_build("thing", "k2", lambda tmp: {"n": (tmp / "payload.txt").write_text("other")})
+    _copy_entry(b.path, a.path)
+    index = build_seed(seeding.root, tmp_path / "seed", artifacts=("thing",), records=())
+    assert [e["key"] for e in index["artifacts"]] == ["k2"] and not (tmp_path / "seed" / "thing" / "k1").exists()
+
+
+def test_every_kind_of_entry_copied_over_another_configurations_is_rebuilt_in_a_run(tiny_files, compose_cfg, caplog):
+    """The corpus, chunks, vectors, indexes and answers of one corpus copied over those of another:
+    the run on the second corpus rebuilds each, names each, and scores what it scored before."""
+    import shutil
+
+    from rag.cache import clear_memory
+    from rag.pipeline import run
+    from tests.conftest import TINY_DOCS, tiny_overrides, write_jsonl
+    from tests.scripted_endpoint import ScriptedEndpoint
+
+    other = write_jsonl(tiny_files["corpus"].with_name("other.jsonl"),
+                        [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS if i != "pmid:2"])
+    cache = tiny_files["cache"]
+    with ScriptedEndpoint() as srv:
+        def config(corpus):
+            return compose_cfg(tiny_overrides(tiny_files) + [
+                f"corpus.path={corpus}", "retriever=hybrid", "llm=openai", f"llm.base_url={srv.base_url}",
+                "llm.model=m"])
+
+        first = run(config(tiny_files["corpus"]), tiny_files["out"] / "a")
+        second = run(config(other), tiny_files["out"] / "b")
+
+        def keys(kind, result):
+            if kind == "corpus":  # not among a run's artifacts: found by the file it was read from
+                return next(p.name for p in (cache / "corpus").iterdir() if (p / "manifest.json").is_file()
+                            and str(result) in (p / "manifest.json").read_text())
+            return result["artifacts"][kind]["key"]
+
+        kinds = ("corpus", "chunks", "vectors", "index", "bm25", "answers")
+        pairs = {kind: (keys(kind, tiny_files["corpus"] if kind == "corpus" else first),
+                        keys(kind, other if kind == "corpus" else second)) for kind in kinds}
+        for kind, (a, b) in pairs.items():
+            assert a != b, kind
+            shutil.rmtree(cache / kind / b)
+            shutil.copytree(cache / kind / a, cache / kind / b)
+        clear_memory()  # a fresh process: nothing parsed or loaded before
+        with caplog.at_level("WARNING"):
+            again = run(config(other), tiny_files["out"] / "b2")
+    for kind, (a, b) in pairs.items():
+        assert f"cache: {cache / kind / b} is damaged (it holds the entry of key '{a}', not '{b}'" in caplog.text, kind
+    means = {k: v["mean"] for k, v in second["metrics"].items()}
+    assert {k: v["mean"] for k, v in again["metrics"].items()} == pytest.approx(means, abs=1e-6)
+    assert again["counts"] == second["counts"]

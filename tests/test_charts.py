@@ -108,6 +108,23 @@ def test_grid_heatmap_frames_the_cells_that_differ_significantly_and_says_which_
     assert to_rgba(R.WORSE) in {to_rgba(p.get_edgecolor()) for p in lat_ax.patches}
 
 
+def test_grid_heatmap_frames_no_cell_whose_significant_difference_is_smaller_than_what_matters():
+    """A held-back corpus's grid: +0.3 ms, significant, is no cell anybody should read as worse."""
+    latency = [40.0] * 9
+    latency[6] = 40.3
+    cmp = comparison([("chunk_size=1024 alpha=0.3", MI.LATENCY, 0.3, 0.2, 0.4, True),
+                      ("chunk_size=512 alpha=0.7", "mrr", 0.2, 0.08, 0.31, True)])
+    cmp["min_effect"] = [MI.min_effect(MI.LATENCY, 40.0), MI.min_effect("mrr", 0.42)]
+    cmp["matters"] = cmp["diff"].abs() >= cmp["min_effect"]
+    assert R.significant_changes(cmp, MI.LATENCY) == {}
+    assert R.significant_changes(cmp, "mrr") == {"chunk_size=512 alpha=0.7": "better"}
+    figs = grid_heatmap_figures(grid_frame(NOISE, latency=latency), "fusion.alpha", "chunker.chunk_size", "mrr",
+                                ["mrr"], comparison=cmp, baseline="chunk_size=512 alpha=0.5")
+    lat_ax = next(a for a in figs["grid_heatmap_metrics"].axes if a.get_title() == MI.label(MI.LATENCY))
+    assert not cell_texts(lat_ax)[(2, 0)].endswith("worse")
+    assert to_rgba(R.WORSE) not in {to_rgba(p.get_edgecolor()) for p in lat_ax.patches}
+
+
 def test_significance_without_a_correction_column_is_a_paired_ci_that_excludes_zero():
     table = pd.DataFrame([
         {"label": "a", "metric": "mrr", "diff": 0.1, "ci_low": 0.02, "ci_high": 0.18},

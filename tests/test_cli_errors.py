@@ -57,6 +57,10 @@ def assert_one_line(done: subprocess.CompletedProcess, expect: str, status: int 
     (["+version=v9"], "ragrig: error: Could not find 'version/v9' (available: v1, v2, v3, v4)"),
     (["corpus.path=/data/a,b/c.jsonl"], "ragrig: error: Ambiguous value for argument 'corpus.path=/data/a,b/c.jsonl'"),
     (["corpus.path=/data/docs (copy)/c.jsonl"], "mismatched input ' (' expecting <EOF> (quote a value holding any of"),
+    # a setting added to an option that takes none: one line, as for a setting a component lacks
+    (["+llm.max_tokens=32"], "ragrig: error: llm.max_tokens is not a setting of NoGenerator, which takes none"),
+    (["reranker=none", "+reranker.top_n=5"], "ragrig: error: reranker.top_n is not a setting of NoReranker, which takes none"),
+    (["compressor=none", "+compressor.k=5"], "ragrig: error: compressor.k is not a setting of NoCompressor, which takes none"),
 ])
 def test_run_py_config_errors_are_one_line(extra, expect, tiny_files):
     done = command([str(PROJECT_ROOT / "run.py"), f"hydra.run.dir={tiny_files['out']}", *tiny_overrides(tiny_files), *extra])
@@ -263,14 +267,71 @@ def to_closed_pipe(args: list[str], env: dict[str, str] | None = None, timeout: 
 UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # as CI runners often set it: every print meets the pipe at once
 
 
-@pytest.mark.parametrize("entry", [
-    [str(PROJECT_ROOT / "run.py")], ["-m", "experiments.gate"], ["-m", "experiments.compare"],
-    ["-m", "experiments.report_check"], ["-m", "rag.ask"], ["-m", "rag.seed"], ["-m", "rag.corpus.export"],
-    ["-m", "rag.reranker.training"], ["-m", "rag.llm.servable"],
-])
-def test_every_entry_point_survives_a_closed_pipe(entry):
+def entry_points() -> dict[str, Path]:
+    """Every command line ragrig has, found rather than listed: run.py, each module under rag/,
+    eval/, experiments/ and benchmarks/ with an `if __name__ == "__main__":` block, and each
+    package's __main__.py. Name (what `python -m` takes, or run.py) -> file."""
+    import re
+
+    found = {"run.py": PROJECT_ROOT / "run.py"}
+    for top in ("rag", "eval", "experiments", "benchmarks"):
+        for f in sorted((PROJECT_ROOT / top).rglob("*.py")):
+            if f.name == "__main__.py" or re.search(r"^if __name__ == ['\"]__main__['\"]:", f.read_text(), re.M):
+                parts = f.relative_to(PROJECT_ROOT).with_suffix("").parts
+                found[".".join(parts[:-1] if f.name == "__main__.py" else parts)] = f
+    return found
+
+
+ENTRY_POINTS = entry_points()
+
+
+def _calls_run_cli(nodes: list) -> bool:
+    import ast
+
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "run_cli"
+               for stmt in nodes for n in ast.walk(stmt))
+
+
+def _main_block(tree) -> list:
+    import ast
+
+    for stmt in tree.body:
+        if (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and isinstance(stmt.test.left, ast.Name)
+                and stmt.test.left.id == "__name__"):
+            return list(stmt.body)
+    return []
+
+
+def test_the_entry_points_are_found_not_listed():
+    assert {"run.py", "experiments.aggregate", "benchmarks", "rag.ask", "rag.testset", "rag.reranker.training",
+            "benchmarks.generation", "experiments.metric_info"} <= set(ENTRY_POINTS)
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_every_entry_point_goes_through_the_shared_handler(name):
+    """rag.cli.run_cli is what keeps a closed pipe from ending in a traceback: every command line
+    calls it, from its `__main__` block (or, for a package's __main__.py, anywhere at its top)."""
+    import ast
+
+    tree = ast.parse(ENTRY_POINTS[name].read_text())
+    body = tree.body if ENTRY_POINTS[name].name == "__main__.py" else _main_block(tree)
+    assert _calls_run_cli(body), f"{name}: its entry point does not call rag.cli.run_cli"
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_every_entry_point_survives_a_closed_pipe(name):
+    entry = [str(ENTRY_POINTS[name])] if name == "run.py" else ["-m", name]
     done = to_closed_pipe([*entry, "--help"], env=UNBUFFERED, timeout=120)
     assert done.returncode == 0 and done.stderr == "", (entry, done.stderr[-2000:])
+
+
+def test_aggregate_and_the_benchmark_list_behind_head_exit_0_without_a_traceback(tmp_path):
+    good_run(tmp_path / "runs" / "a")
+    write_run(tmp_path / "runs" / "b", variant="v2", values={"mrr": [0.2, 0.6, 0.8], "recall_at_k": [1, 1, 1]})
+    for args in (["-m", "experiments.aggregate", str(tmp_path / "runs")], ["-m", "benchmarks", "--list"]):
+        done = to_closed_pipe(args, env=UNBUFFERED, timeout=120)
+        assert done.returncode == 0 and "BrokenPipeError" not in done.stderr and "Traceback" not in done.stderr, \
+            (args, done.stderr[-2000:])
 
 
 def test_compare_behind_a_closed_pipe_writes_its_report_and_exits_0(tmp_path):

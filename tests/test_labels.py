@@ -151,3 +151,53 @@ def test_labels_round_trip_through_json():
     assert json.dumps(item.to_json())
     assert QAItem("q", "q?", "a", source="A").labels == (Relevance("A", 1),)
 
+
+
+# ---- a grade is bounded where labels are read -----------------------------------------------------
+
+def test_the_largest_grade_allowed_still_scores_and_one_past_a_64_bit_integer_would_not():
+    from rag.types import MAX_GRADE
+
+    assert trec_measures({"q": {"d": MAX_GRADE, "e": 1}}, {"q": ["d", "e"]}, ["ndcg_cut.5"]) == {"q": {"ndcg_cut.5": 1.0}}
+    with pytest.raises(SystemError):  # what trec_eval did with such a grade, after the whole run
+        trec_measures({"q": {"d": 2**63}}, {"q": ["d"]}, ["ndcg_cut.5"])
+
+
+@pytest.mark.parametrize("grade", [2**63, 2**31, 1001])
+def test_a_question_files_grade_past_the_bound_is_one_line_naming_file_and_line(grade, tmp_path):
+    from rag.qa.jsonl import JsonlQuestions
+    from rag.types import RagError
+
+    path = tmp_path / "q.jsonl"
+    rows = [{"id": "a", "question": "q?", "relevant": [{"doc": "d", "grade": 3}]},
+            {"id": "b", "question": "q?", "relevant": [{"doc": "d", "grade": 1}, {"doc": "e", "grade": grade}]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(RagError) as e:
+        JsonlQuestions(path).items()
+    assert str(e.value) == (f"{path}:2: relevant[1]: 'grade' must be from 0 to 1000, got {grade} "
+                            "(a grade is a small whole number, e.g. 0-3)")
+
+
+def test_a_beir_qrels_score_past_the_bound_names_its_line(tmp_path):
+    from rag.corpus.beir import read_qrels
+    from rag.types import RagError
+
+    path = tmp_path / "test.tsv"
+    path.write_text("query-id\tcorpus-id\tscore\nq1\td1\t2\nq1\td2\t18446744073709551616\n")
+    with pytest.raises(RagError, match=r"test.tsv:3: score must be from 0 to 1000, got 18446744073709551616"):
+        read_qrels(path)
+    path.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1000\n")
+    assert read_qrels(path) == {"q1": {"d1": 1000}}
+
+
+def test_the_gates_qrels_keep_trecs_negative_grades_and_bound_both_ends(tmp_path):
+    from experiments.gate import read_qrels
+    from rag.types import RagError
+
+    path = tmp_path / "qrels.txt"
+    path.write_text("q1 0 d1 2\n\nq1 0 d2 -1\n")
+    assert read_qrels(path) == {"q1": {"d1": 2, "d2": -1}}
+    for grade, line in (("9223372036854775808", "q1 0 d3"), ("-9223372036854775809", "q2 0 d1")):
+        path.write_text(f"q1 0 d1 2\n\n{line} {grade}\n")
+        with pytest.raises(RagError, match=rf"qrels.txt:3: the grade must be from -1000 to 1000, got {grade}"):
+            read_qrels(path)

@@ -1,8 +1,10 @@
 """One name per metric: the table in experiments/metric_info.py gives each metric its key (the
 files' contract), one printed label, its direction, range, needs and when it is null; every
-printed name comes from it, the gate takes any of its spellings, and docs/metrics.md is
+printed name comes from it, the gate takes any of its spellings, and docs/reference/metrics.md is
 generated from it."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from experiments import metric_info as MI
 from experiments.gate import main as gate_main
 from rag.config import PROJECT_ROOT
 from rag.output import format_table
+from rag.types import RagError
 from tests.test_experiments import write_run
 
 
@@ -58,14 +61,51 @@ def test_every_metric_says_what_it_needs_when_it_is_null_and_its_range():
 
 
 def test_the_reference_page_is_the_table():
-    """docs/metrics.md holds the generated reference: `python -m experiments.metric_info --write
-    docs/metrics.md` after a change to METRICS."""
-    page = (PROJECT_ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    """docs/reference/metrics.md holds the generated reference: `python -m experiments.metric_info --write
+    docs/reference/metrics.md` after a change to METRICS."""
+    page = (PROJECT_ROOT / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
     assert MI.page_block(page) == MI.markdown()
-    for key in MI.METRICS:
-        assert f"| `{key}` |" in page
-    assert "| retrieval latency | `latency_ms` | cost | lower ↓ |" in page
     assert "### How to read the verdict" in page
+
+
+def test_the_reference_is_one_card_per_metric_not_a_wide_table():
+    text = MI.markdown()
+    assert not [line for line in text.splitlines() if line.count("|") > 4], "no table of many columns"
+    for key in MI.METRICS:
+        assert f"\n### {MI.label(key, mark=False)}\n\n`{key}` · " in text, key
+    assert "\n### retrieval latency\n\n`latency_ms` · cost · lower is better ↓ · ms per question\n" in text
+    assert "- **Smallest difference that matters:** 1 ms or 10% of the baseline's mean, whichever is larger." in text
+
+
+def test_the_reference_names_the_input_fields_of_the_question_format():
+    """Questions name their answer's document by `doc_id` (conf/qa/jsonl.yaml); `source` is only
+    what older files called it."""
+    text = MI.markdown()
+    assert "`source`" not in text and "spec's" not in text
+    assert "**Needs:** the question's `doc_id`" in text
+
+
+def test_the_smallest_difference_that_matters_is_per_metric_and_settable():
+    assert MI.min_effect("ndcg_at_k", 0.6) == 0.01
+    assert MI.min_effect(MI.LATENCY, 5.0) == 1.0, "1 ms on a fast baseline"
+    assert MI.min_effect(MI.LATENCY, 1600.0) == pytest.approx(160.0), "10% of a slow one"
+    assert MI.min_effect("a_metric_of_my_own", 3.0) == 0.0
+    settings = MI.min_effects({"nDCG@5": 0.05, "latency": "25%"})
+    assert settings == {"ndcg_at_k": (0.05, 0.0), MI.LATENCY: (0.0, 0.25)}
+    assert MI.min_effect("ndcg_at_k", 0.6, settings) == 0.05
+    assert MI.min_effect(MI.LATENCY, 8.0, settings) == 2.0, "a setting replaces both parts of the default"
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"ndcg_at_k": -0.1}, "report.min_effect.ndcg_at_k must be a difference >= 0"),
+    ({"ndcg_at_k": "lots"}, "report.min_effect.ndcg_at_k must be a difference >= 0"),
+    ({"ndcg_at_k": True}, "report.min_effect.ndcg_at_k must be"),
+    ({"speed": 1}, "report.min_effect.speed: no such metric"),
+    (0.01, "report.min_effect must be a mapping of metric to smallest difference"),
+])
+def test_a_bad_smallest_difference_is_one_line_naming_it(settings, message):
+    with pytest.raises(RagError, match=re.escape(message)):
+        MI.min_effects(settings)
 
 
 def test_write_page_replaces_only_the_generated_block(tmp_path):

@@ -143,6 +143,50 @@ def test_a_reply_that_does_not_give_each_text_one_usable_vector_is_refused_at_on
                             "(embedder.model=minilm); nothing of this reply is kept")
 
 
+# Values a float64 reply holds but a float32 vector does not: they pass the reply's own checks and
+# would be stored as all-zero rows (the same drop as swapped vectors, without a word).
+TOO_SMALL = {
+    "1e-200, normalized": ([[0.1, 0.2], [1e-200, 1e-200]], True, "the vector of text 1 of the request ('b') is all "
+                           "zeros (a zero vector has no direction, so no cosine) once stored as float32 (its largest "
+                           "value, 1e-200, is too small for float32)"),
+    "1e-200, as served": ([[1e-200, 3e-200], [0.1, 0.2]], False, "the vector of text 0 of the request ('a') is all "
+                          "zeros (a zero vector has no direction, so no cosine) once stored as float32 (its largest "
+                          "value, 3e-200, is too small for float32)"),
+    "1e-46, as served": ([[0.1, 0.2], [1e-46, -1e-46]], False, "the vector of text 1 of the request ('b') is all "
+                         "zeros (a zero vector has no direction, so no cosine) once stored as float32 (its largest "
+                         "value, 1e-46, is too small for float32)"),
+}
+
+
+@pytest.mark.parametrize("case", TOO_SMALL, ids=list(TOO_SMALL))
+def test_a_vector_that_is_all_zeros_once_stored_as_float32_is_refused(case):
+    values, normalize, what = TOO_SMALL[case]
+    with ScriptedEndpoint(embed=lambda r, n: (200, {}, rows(*values))) as srv:
+        with pytest.raises(EndpointError) as e:
+            client(srv.base_url, normalize=normalize).encode(["a", "b"])
+    assert str(e.value) == (f"embedder: POST {srv.base_url}/embeddings answered wrongly: {what} "
+                            "(embedder.model=minilm); nothing of this reply is kept")
+
+
+def test_a_query_vector_that_underflows_is_refused_too():
+    with ScriptedEndpoint(embed=lambda r, n: (200, {}, rows(*[[1e-300, 1e-300]] * len(r["input"])))) as srv:
+        with pytest.raises(EndpointError,
+                           match=r"the vector of text 0 of the request \('query: what\?'\) is all zeros"):
+            client(srv.base_url, query_prefix="query: ").encode_queries(["what?"])
+
+
+def test_a_served_run_with_vectors_that_underflow_caches_no_vectors(tiny_files, compose_cfg):
+    with ScriptedEndpoint(embed=lambda r, n: (200, {}, rows(*[[1e-200, 2e-200, 0.0]] * len(r["input"])))) as srv:
+        cfg = compose_cfg(tiny_overrides(tiny_files) + ["embedder=openai", f"embedder.base_url={srv.base_url}",
+                                                        "embedder.model=minilm", "embedder.endpoint.backoff_s=0.01"])
+        with pytest.raises(RagError, match=r"^embedder: POST .* answered wrongly: the vector of text 0 of the request "
+                                           r"\('dimension probe'\) is all zeros .* too small for float32\)"):
+            run(cfg, tiny_files["out"])
+    assert not (tiny_files["cache"] / "vectors").exists() or not any(
+        (p / "manifest.json").exists() for p in (tiny_files["cache"] / "vectors").iterdir())
+    assert not (tiny_files["out"] / "metrics.json").exists()
+
+
 def test_a_row_of_another_length_than_the_known_dimension_is_named():
     with ScriptedEndpoint(embed=lambda r, n: (200, {}, rows([0.1, 0.2, 0.3], [0.1, 0.2, 0.3, 0.4]))) as srv:
         with pytest.raises(EndpointError, match=r"answered wrongly: row 0 has 3 values, expected 4 \(embedder"):

@@ -200,3 +200,149 @@ def test_a_failing_endpoint_is_one_line_and_leaves_no_results(fault, tiny_files,
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("llm: ") and re.search(expect, msg), msg
     assert not (tiny_files["out"] / "metrics.json").exists() and not (tiny_files["out"] / "per_question.jsonl").exists()
+
+
+# -- replies that are no answer, and answers cut off --------------------------------------------------
+
+def reply(content, finish="stop", refusal=None, model="m"):
+    """A chat completion as a server writes it, with its message and finish reason as given."""
+    message = {"role": "assistant", "content": content, **({"refusal": refusal} if refusal is not None else {})}
+    return 200, {}, {"id": "x", "object": "chat.completion", "model": model,
+                     "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+
+def question_no(request) -> int:
+    return int(request["messages"][-1]["content"].split("Question number ")[1][0])
+
+
+# Replies that came back fine but hold no answer: the model did not answer the prompt, so its ""
+# is no empty answer to score on every later run.
+WITHHELD = {
+    "content null": lambda: reply(None),
+    "refusal": lambda: reply(None, refusal="I can't help with that."),
+    "refusal beside text": lambda: reply("Sorry.", refusal="I can't help with that."),
+    "content_filter": lambda: reply("", finish="content_filter"),
+    "content_filter, blank": lambda: reply("  \n", finish="content_filter"),
+}
+
+
+@pytest.mark.parametrize("case", WITHHELD, ids=list(WITHHELD))
+def test_a_reply_that_holds_no_answer_is_not_cached_and_a_rerun_asks_again(case, tmp_path, caplog):
+    cache, timer, broken = ArtifactCache(tmp_path), StageTimer(), {"on": True}
+
+    def server(req, n):
+        return WITHHELD[case]() if broken["on"] and question_no(req) in (1, 4) else echo(req, n)
+
+    why = case.split(",")[0].replace("refusal beside text", "refusal")
+    with ScriptedEndpoint(server) as srv:
+        gen = generator(srv.base_url, endpoint={"concurrency": 1})
+        with caplog.at_level("WARNING"):
+            first = Artifacts(cache, timer=timer).answers(gen, QUESTIONS, CONTEXTS)
+        assert [first.answers[i] for i in (1, 4)] == ["", ""] and all(first.answers[i] for i in (0, 2, 3, 5))
+        assert (first.hit, first.requests, first.withheld) == (False, 6, 2)
+        assert [d.get("withheld") for d in first.details] == [None, why, None, None, why, None]
+        assert f"llm: 2 of 6 replies held no answer (2 {why}); they are scored as empty answers and not cached, so " \
+               "a rerun asks for them again" in caplog.messages
+        assert not any(p.is_dir() and not p.name.startswith((".", "tmp-")) for p in (tmp_path / "answers").iterdir())
+        broken["on"] = False  # the server is fixed
+        again = Artifacts(cache, timer=timer).answers(gen, QUESTIONS, CONTEXTS)
+        assert len(srv.chat_requests) == 8, "only the two replies that held no answer are asked for again"
+        assert all(again.answers) and (again.requests, again.resumed, again.withheld) == (2, 4, 0)
+        assert Artifacts(cache, timer=timer).answers(gen, QUESTIONS, CONTEXTS).hit, "now the whole run is cached"
+
+
+def test_text_a_content_filter_left_standing_is_an_answer(tmp_path):
+    with ScriptedEndpoint(lambda r, n: reply("Partly answered", finish="content_filter")) as srv:
+        made = Artifacts(ArtifactCache(tmp_path)).answers(generator(srv.base_url), QUESTIONS, CONTEXTS)
+    assert made.answers == ["Partly answered"] * 6 and made.withheld == 0
+
+
+def test_a_run_on_replies_without_content_scores_them_once_and_asks_again_when_the_server_is_fixed(
+        tiny_files, compose_cfg, caplog):
+    fixed = {"on": False}
+    with ScriptedEndpoint(lambda r, n: echo(r, n) if fixed["on"] else reply(None)) as srv:
+        with caplog.at_level("WARNING"):
+            broken = run(run_cfg(compose_cfg, tiny_files, srv), tiny_files["out"] / "broken")
+        assert "llm: 6 of 6 replies held no answer (6 content null); they are scored as empty answers and not " \
+               "cached, so a rerun asks for them again" in caplog.messages
+        fixed["on"] = True
+        rerun = run(run_cfg(compose_cfg, tiny_files, srv), tiny_files["out"] / "fixed")
+        assert len(srv.chat_requests) == 12, "the rerun asks for every answer again"
+    assert broken["usage"]["generate"]["requests_sent"] == 6 and rerun["usage"]["generate"]["answers_from_cache"] == 0
+    rows = [json.loads(x) for x in (tiny_files["out"] / "fixed" / "per_question.jsonl").read_text().splitlines()]
+    assert all(r["answer"].startswith("answer: ") for r in rows)
+    rows = [json.loads(x) for x in (tiny_files["out"] / "broken" / "per_question.jsonl").read_text().splitlines()]
+    assert all(r["answer"] == "" and r["generation"]["withheld"] == "content null" for r in rows)
+
+
+def test_empty_answers_read_from_the_cache_are_said_on_every_run(tmp_path, caplog):
+    cache = ArtifactCache(tmp_path)
+    with ScriptedEndpoint(lambda r, n: reply("")) as srv:  # the model's own empty answer: cached as such
+        Artifacts(cache).answers(generator(srv.base_url), QUESTIONS, CONTEXTS)
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            cached = Artifacts(cache).answers(generator("http://127.0.0.1:9/v1"), QUESTIONS, CONTEXTS)
+        assert cached.hit and cached.answers == [""] * 6
+        assert [m for m in caplog.messages if "empty" in m] == [
+            f"llm: 6 of 6 answers read from the cache ({tmp_path / 'answers' / cached.key}) are empty; they are scored "
+            "as empty strings (remove that directory to generate them again)"]
+
+
+def test_answers_stopped_at_max_tokens_are_counted_in_the_terminal_metrics_and_report(tiny_files, compose_cfg, caplog):
+    from rag.result import RunResult
+
+    with ScriptedEndpoint(lambda r, n: reply("An answer cut off at", finish="length")) as srv:
+        with caplog.at_level("WARNING"):
+            result = run(run_cfg(compose_cfg, tiny_files, srv, "llm.max_tokens=64"), tiny_files["out"])
+    line = "6 of 6 answers stopped at llm.max_tokens=64"
+    assert f"llm: {line}; a longer limit lets them finish" in caplog.messages
+    assert line in format_table(result).splitlines()
+    written = json.loads((tiny_files["out"] / "metrics.json").read_text())
+    assert written["stopped_answers"] == {"stopped": 6, "of": 6, "setting": "llm.max_tokens", "value": 64}
+    assert RunResult.from_json(written).to_json() == written
+    assert f"Cut off: {line}</p>" in (tiny_files["out"] / "report.html").read_text()
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # from the cache: said again
+        again = run(run_cfg(compose_cfg, tiny_files, srv, "llm.max_tokens=64"), tiny_files["out"] / "again")
+    assert again["artifacts"]["answers"]["hit"] and again["stopped_answers"]["stopped"] == 6
+    assert f"llm: {line}; a longer limit lets them finish" in caplog.messages
+
+
+def test_answers_that_end_are_counted_as_none_stopped(tmp_path):
+    with ScriptedEndpoint(lambda r, n: reply("x", finish="length" if question_no(r) % 2 else "stop")) as srv:
+        made = Artifacts(ArtifactCache(tmp_path)).answers(generator(srv.base_url, max_tokens=7), QUESTIONS, CONTEXTS)
+    assert made.stopped.line() == "3 of 6 answers stopped at llm.max_tokens=7"
+
+
+# Replies whose text no file can hold or whose fields are no text: refused at once in one line,
+# never a UnicodeEncodeError from the cache's checksum after the run paid for every other answer.
+BAD_TEXT = {
+    "a lone surrogate in the answer": (reply("half \ud800 an answer"),
+                                       r"a lone surrogate \(\\ud800\) at choices\[0\]\.message\.content, not text"),
+    "a lone low surrogate": (reply("\udc41"), r"a lone surrogate \(\\udc41\) at choices\[0\]\.message\.content"),
+    "a lone surrogate in the served model's name": (reply("fine", model="m\udfff"),
+                                                    r"a lone surrogate \(\\udfff\) at model, not text"),
+    "a finish reason that is no text": (reply("fine", finish=3), r"choices\[0\]\.finish_reason is 3, not text"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_TEXT, ids=list(BAD_TEXT))
+def test_a_reply_with_text_no_file_can_hold_is_refused_in_one_line(case, tmp_path):
+    body, expect = BAD_TEXT[case]
+    with ScriptedEndpoint(lambda r, n: body) as srv:
+        with pytest.raises(RagError) as e:
+            Artifacts(ArtifactCache(tmp_path)).answers(generator(srv.base_url, endpoint={"max_retries": 2}),
+                                                       QUESTIONS[:1], CONTEXTS[:1])
+        assert len(srv.chat_requests) == 1, "not retried: the server answered, wrongly"
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"llm: POST {srv.base_url}/chat/completions answered wrongly: ")
+    assert re.search(expect, msg) and msg.endswith("(llm.model=m); nothing of this reply is kept"), msg
+    assert not (tmp_path / RECORD_KIND).exists()
+
+
+def test_a_surrogate_pair_is_the_character_it_stands_for(tmp_path):
+    with ScriptedEndpoint(lambda r, n: reply("smile \U0001f600")) as srv:
+        made = Artifacts(ArtifactCache(tmp_path)).answers(generator(srv.base_url), QUESTIONS[:1], CONTEXTS[:1])
+    assert made.answers == ["smile \U0001f600"]

@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 
 import pytest
 
+from rag.cache import make_key
 from rag.config import PROJECT_ROOT
+from rag.embedder.backend_choice import candidate_named
+from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 from rag.output import format_table
 from rag.pipeline import run
 from rag.types import RagError
@@ -35,6 +39,23 @@ def test_v1_writes_scored_results(tiny_files, compose_cfg):
     assert (out / "config_resolved.yaml").exists()
     assert result["objective"] == {"name": "mrr", "value": metrics["metrics"]["mrr"]["mean"]}
     assert "recall@5 (sim)" in format_table(result)  # the metric's printed label (metrics.json keeps the key)
+
+
+def test_every_run_names_each_embedder_roles_backend_and_why(tiny_files, compose_cfg, caplog):
+    """backend: auto by default for both roles; the evaluation's is fp32's own vectors."""
+    cfg = compose_cfg(tiny_overrides(tiny_files) + ["+version=v1"])
+    with caplog.at_level(logging.INFO, logger="rag.pipeline"):
+        metrics = run(cfg, tiny_files["out"])
+    backends = metrics["backends"]
+    assert set(backends) == {"embedder", "eval.embedder"} and backends["eval.embedder"]["precision"] == "fp32"
+    said = [r.getMessage() for r in caplog.records if r.name == "rag.pipeline"]
+    for role, note in backends.items():
+        assert note["line"].startswith(f"{note['backend']} {note['precision']}")
+        assert f"{role}: {note['line']}" in said
+    used = candidate_named(f"{backends['embedder']['backend']} {backends['embedder']['precision']}")
+    ident = SentenceTransformerEmbedder(cfg.embedder.model).id_for(used)
+    assert metrics["artifacts"]["vectors"]["key"] == make_key(
+        "vectors", ident, {"chunks": metrics["artifacts"]["chunks"]["key"]}), "keyed by the backend that made them"
 
 
 def test_v2_filters_by_source_and_fuses(tiny_files, compose_cfg):

@@ -91,6 +91,21 @@ def test_a_served_embedder_is_counted_and_everything_after_it_bounded(tiny_files
     assert "counts are exact through embed" in text and "at most" in text
 
 
+def test_a_routed_run_counts_the_pseudo_queries_its_router_calibrates_on(tiny_files, compose_cfg, minilm):  # noqa: F811
+    """v2's router encodes pseudo-queries cut from the corpus to calibrate its filter: the plan
+    counts them, and what the run then sends is what the plan said."""
+    with endpoint(minilm) as srv:
+        over = tiny_overrides(tiny_files) + roles(srv.base_url, "embed", fresh=tiny_files["cache"]) + LATENCY + ["+version=v2"]
+        plan = run(compose_cfg(over + ["dry_run=true"]), tiny_files["out"] / "dry")["dry_run"]["roles"]["embed"]
+        result = run(compose_cfg(over), tiny_files["out"] / "run")
+    n, chunks = result["counts"]["questions"], result["counts"]["chunks"]
+    pseudo = result["routing"]["calibration"]["pseudo_queries"]
+    assert pseudo == 200 and any("the router's calibration: 200 pseudo-queries" in note for note in plan["notes"])
+    assert (plan["requests"], plan["items"]) == (1 + -(-chunks // 4) + n + 1 + 5 + pseudo // 4,
+                                                 1 + chunks + n + 1 + 5 + pseudo)
+    assert (result["usage"]["embed"]["requests_sent"], result["usage"]["embed"]["texts"]) == (plan["requests"], plan["items"])
+
+
 def test_a_dry_run_after_an_interrupted_embedding_counts_only_the_blocks_left(tiny_files, compose_cfg, minilm,  # noqa: F811
                                                                               monkeypatch):
     import numpy as np

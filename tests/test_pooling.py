@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from experiments.pooling import main, pool_runs
 from rag.pipeline import run
 from tests.scripted_endpoint import ScriptedEndpoint
@@ -70,3 +72,67 @@ def test_a_sweep_ends_with_its_runs_pooled_and_says_its_labels_are_an_llms(tmp_p
     assert labels[0] == labels[1] and labels[0]["pooled_runs"] == 2
     assert rows(sweep / "0")["q1"]["labels"] == rows(sweep / "1")["q1"]["labels"]
     assert "LLM relevance labels" in done.stdout and "LLM" in (sweep / "summary.md").read_text()
+
+
+def test_an_interrupted_pooling_is_refused_by_readers_until_the_one_command_it_names_finishes_it(
+        tmp_path, compose_cfg, tiny_files, monkeypatch, capsys):
+    """Ctrl-C after the first run was rewritten: both runs stay marked pending (compare and the gate
+    refuse them, naming the command), and that command leaves the files an uninterrupted pooling
+    writes."""
+    import shutil
+
+    import experiments.pooling as pooling
+    from experiments.compare import main as compare
+    from experiments.gate import main as gate
+    from rag.rundir import POOLING_PENDING, Unfinished
+
+    runs = [tmp_path / "dense", tmp_path / "bm25"]
+    with ScriptedEndpoint(chat=grader()) as srv:
+        run(compose_cfg(judged(srv, tiny_files, "retriever=dense")), runs[0])
+        run(compose_cfg(judged(srv, tiny_files, "retriever=bm25", "chunker.chunk_size=60", "chunker.chunk_overlap=0")),
+            runs[1])
+    whole = [shutil.copytree(r, tmp_path / "whole" / r.name) for r in runs]
+    assert pool_runs(whole) == 2
+    real = pooling.rescore
+
+    def stopped_after_the_first(run, labels, stats):
+        if run.path != runs[0]:
+            raise KeyboardInterrupt
+        real(run, labels, stats)
+
+    monkeypatch.setattr(pooling, "rescore", stopped_after_the_first)
+    with pytest.raises(Unfinished) as stopped:
+        pool_runs(runs)
+    command = f"python -m experiments.pooling {runs[0]} {runs[1]}"
+    assert stopped.value.left == (f"2 runs are marked pooling pending ({POOLING_PENDING}); their per_question.jsonl "
+                                  f"and metrics.json may disagree until: {command}")
+    assert all((r / POOLING_PENDING).exists() for r in runs)
+    capsys.readouterr()
+    line = (f"{runs[0]}: pooling its relevance labels was interrupted ({POOLING_PENDING}), so its per_question.jsonl "
+            f"and metrics.json may disagree; finish it with: {command}")
+    assert compare([str(tmp_path / "dense"), str(tmp_path / "bm25"), "--out", str(tmp_path / "cmp")]) == 2
+    assert capsys.readouterr().err == f"compare: error: {line}\n" and not (tmp_path / "cmp").exists()
+    assert gate([str(runs[0]), str(whole[0]), "--metric", "ndcg_at_k", "--min-effect", "0"]) == 2
+    assert capsys.readouterr().err == f"gate: error: {line}\n"
+
+    monkeypatch.setattr(pooling, "rescore", real)
+    assert main([str(r) for r in runs]) == 0  # the command, as named
+    assert not any((r / POOLING_PENDING).exists() for r in runs)
+    for r, w in zip(runs, whole):
+        for name in ("per_question.jsonl", "metrics.json", "qrels.trec"):
+            assert (r / name).read_bytes() == (w / name).read_bytes(), (r.name, name)
+
+
+def test_an_interrupted_sweep_says_what_it_left_unfinished_and_not_that_nothing_was(monkeypatch, capsys):
+    import run as entry
+    from rag.rundir import Unfinished
+
+    def interrupted() -> None:
+        raise Unfinished("2 runs are marked pooling pending (pooling_pending.json); their per_question.jsonl and "
+                         "metrics.json may disagree until: python -m experiments.pooling outputs/multirun/x")
+
+    monkeypatch.setattr(entry, "main", interrupted)
+    monkeypatch.setattr("sys.argv", ["run.py", "-m", "eval.relevance=llm"])
+    assert entry.cli() == 130
+    err = capsys.readouterr().err
+    assert err.startswith("ragrig: interrupted; 2 runs are marked pooling pending") and "nothing half-written" not in err

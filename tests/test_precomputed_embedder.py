@@ -88,6 +88,18 @@ def test_a_repeated_id_another_dimension_and_a_wrong_path_are_one_line(made_else
     assert "no such directory" in bad_run(tiny_files, compose_cfg, tmp_path / "nowhere")
 
 
+def test_a_chunk_vector_that_is_all_zeros_as_stored_is_refused_by_its_chunk(made_elsewhere, tiny_files, compose_cfg,
+                                                                           tmp_path):
+    ids, vecs = made_elsewhere
+    tiny = vecs.copy()
+    tiny[3] = 1e-9  # below what float16 holds: zeros in the file handed over
+    msg = bad_run(tiny_files, compose_cfg, write_dir(tmp_path / "v", ids, tiny))
+    assert msg == (f"embedder precomputed:v: the vector of chunk {ids[3]!r} is all zeros (a zero vector has no "
+                   "direction, so no cosine) as stored in float32; the embedder's output is refused and no vectors "
+                   "are cached")
+    assert not any((p / "manifest.json").exists() for p in (tiny_files["cache"] / "vectors").iterdir())
+
+
 # ---- write_vectors: the cache's file filled batch by batch ----------------------------------------
 
 class FakeQueries(Embedder):

@@ -25,6 +25,53 @@ def test_a_grade_is_read_from_the_reply_or_the_pair_stays_unjudged(reply, grade)
     assert parse_grade(reply) == grade
 
 
+@pytest.mark.parametrize("reply, grade", [
+    ("Grade: 2", 2), ("2.", 2), ("0.", 0), ("Grade: 3\n", 3), ("**Final score:** 3", 3),
+    ("Grade: 2, since it answers the query", 2), ("M: 2, T: 1 ##final score: 1", 1),
+])
+def test_a_whole_number_0_to_3_is_a_grade_as_a_sentence_writes_it(reply, grade):
+    assert parse_grade(reply) == grade
+
+
+# A piece of a number is no grade: each of these leaves the pair unjudged, never graded 1 or 2.
+NO_GRADE = ["-1", "2.5", "1e3", "1/3", "10", "final score: -1", "##final score: 2.5", "final score = 1e3",
+            "Grade: 2/3", "3.0", "2nd", "+2", "\u22121", "50%", "score-1 overall", "2,5"]
+
+
+@pytest.mark.parametrize("reply", NO_GRADE)
+def test_only_a_whole_number_0_to_3_is_a_grade(reply):
+    assert parse_grade(reply) is None
+
+
+def test_a_judge_reply_that_held_no_answer_is_unjudged_and_asked_again(tmp_path):
+    from rag.cache import ArtifactCache
+    from rag.endpoint import EndpointSettings
+    from rag.llm import OpenAIGenerator
+    from rag.types import Chunk
+
+    from eval.relevance import RECORD, RelevanceJudge
+
+    refusing = {"on": True}
+
+    def chat(request, n):
+        if refusing["on"] and "malloc" in request["messages"][-1]["content"]:
+            return 200, {}, {"choices": [{"index": 0, "finish_reason": "content_filter",
+                                          "message": {"role": "assistant", "content": ""}}]}
+        return 200, {}, completion("##final score: 3")
+
+    chunks = [Chunk(f"{d}#0", d, TEXT[d], "libc", 0, len(TEXT[d]), 0) for d in ("man:fcntl.2", "man:malloc.3")]
+    cache = ArtifactCache(tmp_path)
+    with ScriptedEndpoint(chat=chat) as srv:
+        llm = OpenAIGenerator(base_url=srv.base_url, model="judge", endpoint=EndpointSettings(backoff_s=0.01))
+        judge = RelevanceJudge(llm)
+        first = judge.grade(["Why was fcntl64 added?"], [chunks], cache)
+        assert first.per_question == [[3, None]] and first.unjudged == 1
+        assert cache.get_record(RECORD, judge.key("Why was fcntl64 added?", chunks[1].text)) is None, "not recorded"
+        refusing["on"] = False
+        again = judge.grade(["Why was fcntl64 added?"], [chunks], cache)
+        assert again.per_question == [[3, 3]] and again.asked == 1 and len(srv.chat_requests) == 3
+
+
 def test_a_document_takes_its_best_chunks_grade_and_below_the_cut_counts_as_judged_not_relevant():
     judged = [("a", 1), ("a", 3), ("b", 1), ("c", None), ("d", 2)]
     assert document_labels(judged, relevant_from=2) == (Relevance("a", 3), Relevance("b", 0), Relevance("d", 2))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rag.corpus import libc, pytorch
+from rag.reranker.training import structure as ST
 from rag.reranker.training import templates as TPL
 from rag.reranker.training.dataset import build_dataset, round_robin
 from rag.reranker.training.evaluate import group_metrics, roc_auc
@@ -184,6 +185,44 @@ def test_template_helpers():
     assert TPL.howto("Returns x.") is None  # too short to be a task
     assert TPL.torch_object("torch:torch.nn.Linear") == "nn.Linear"
     assert TPL.torch_object("torch:torch.nn.functional.relu") == "torch.nn.functional.relu"
+
+
+def test_structure_is_recognised_by_the_text_of_a_document_of_any_corpus():
+    page = man("sleep", "sleep for a number of seconds", "sleep() makes the calling thread sleep.",
+               ret="Zero if the time has elapsed.")
+    as_user = Document("notes/sleep.txt", page.text, "reference")
+    assert ST.man_page(as_user.text) == "sleep()"
+    kinds = {k: q for k, q, _ in TPL.structural_questions(as_user)}
+    assert "sleep()" in kinds["return_value"] and "sleep()" in kinds["description"]
+    assert ST.man_page("NAME\n       x - y\n") is None, "a NAME alone is no man page"
+    numpy_style = "mylib.mean(a, axis=None)\n\nAverage of the elements.\n\nParameters\n----------\na : array_like\n" \
+                  "    The values.\naxis : int\n    The axis to average over.\n"
+    found = ST.docstring(numpy_style, "doc-7")
+    assert found is not None and found.name == "mylib.mean" and numpy_style[found.offset:].startswith("Average")
+    args = [q for k, q, _ in TPL.structural_questions(Document("doc-7", numpy_style, "api")) if k == "argument"]
+    assert len(args) == 2 and "axis" in args[1], "each argument once, in order"
+    assert ST.docstring("Average of the elements.\n\n>>> mean([1, 2])\n1.5", "mylib.stats.mean").name == "mylib.stats.mean"
+    assert ST.docstring("Average of the elements.\n\n>>> mean([1, 2])", "note 7") is None, "no object to name"
+    guide = ("Setup\n=====\n\nInstall the package first.\n\n```sh\n# not a heading\npip install x\n```\n\n"
+             "2.1 Running it\n\nStart the server with one command.\n\n1. Open a terminal\n2. Type the command\n\n"
+             "## Empty\n## Stopping\nPress Ctrl-C to stop it.\n")
+    sections = ST.headed_sections(guide)
+    assert [h for h, _, _ in sections] == ["Setup", "2.1 Running it", "Stopping"]
+    assert [guide[at:].split("\n")[0] for _, at, _ in sections] == [
+        "Install the package first.", "Start the server with one command.", "Press Ctrl-C to stop it."]
+    questions = [q for k, q, _ in TPL.structural_questions(Document("guide", guide, "docs"))]
+    assert len(questions) == 3 and "Running it" in questions[1] and "2.1" not in questions[1]
+    assert TPL.structural_questions(Document("pmid:1", "Background. Statins lower risk.\n2 Methods were used.", "x")) == []
+
+
+def test_a_templates_budget_over_documents_without_structure_says_so_in_one_line(caplog):
+    prose = [Document(f"note-{i}", f"Backups of server {i} run nightly at two. Restores take an hour.", "ops")
+             for i in range(6)]
+    with pytest.raises(RagError, match="no training queries"):
+        build_dataset(prose, settings(queries={"labelled": 0, "templates": 40, "mined": 0, "generated": 0}))
+    (line,) = [r.getMessage() for r in caplog.records if "templates" in r.getMessage()]
+    assert "reranker.train.queries.templates=40: the 6 training documents have no man page" in line
+    assert "no headed documentation" in line
 
 
 def test_labelled_passages_carry_the_document_label():

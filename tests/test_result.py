@@ -51,6 +51,10 @@ def test_optional_keys_stay_absent_or_present_as_read():
     assert older.qa_split is ABSENT and older.latency_method is None and older.usage is None
     assert "qa_split" not in older.to_json() and "latency_method" not in older.to_json()
     assert older.provenance is None and "provenance" not in older.to_json()
+    assert older.fitted is None and "fitted" not in older.to_json()
+    assert older.backends is None and "backends" not in older.to_json()
+    assert full.backends["embedder"]["line"].startswith("torch bf16") and full.backends["eval.embedder"]["precision"] == "fp32"
+    assert full.fitted["parts"]["reranker"]["this_corpus"] is False and list(full.to_json())[-1] == "fitted"
     assert full.provenance == {"questions": {"human": 4, "generated": 2, "generators": ["SmolLM2-135M-Instruct"]},
                                "labels": {"source": "qa"}}
     # a run without a question split writes "qa_split": null, which is not the same as no key
@@ -73,8 +77,8 @@ def test_unknown_keys_are_kept_and_bad_documents_refused():
 
 
 def usage_column(c: str) -> bool:
-    """Columns added after the summary was frozen: served models' requests and cost, compression."""
-    return c.endswith("_requests") or c.startswith("cost_") or c == "currency" or c.startswith("compression_")
+    """Columns added after the summary was frozen: served models' requests and cost, compression, routing."""
+    return c.endswith("_requests") or c.startswith("cost_") or c == "currency" or c.startswith(("compression_", "routing_"))
 
 
 def test_flatten_has_what_compression_removed():
@@ -103,7 +107,7 @@ def test_flatten_has_requests_and_cost_per_served_role():
                     "generate": {"requests_sent": 6, "prompt_tokens": 100, "completion_tokens": 50, "cost": 0.25},
                     "currency": "EUR"}
     flat = RunResult.from_json(doc).flatten()
-    assert {c: flat[c] for c in flat if usage_column(c) and not c.startswith("compression_")} == {
+    assert {c: flat[c] for c in flat if usage_column(c) and not c.startswith(("compression_", "routing_"))} == {
         "embed_requests": 3, "cost_embed": 0.0009, "generate_requests": 6, "cost_generate": 0.25,
         "cost_total": pytest.approx(0.2509), "currency": "EUR"}
     assert not any(usage_column(c) for c in RunResult.from_json(json.loads(text("baseline"))).flatten())

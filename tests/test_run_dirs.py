@@ -372,3 +372,245 @@ def test_a_released_directory_can_be_claimed_by_another_process(tmp_path):
     assert subprocess.run(probe, cwd=PROJECT_ROOT).returncode == 3, "held while claimed"
     rundir.release(tmp_path / "run")
     assert subprocess.run(probe, cwd=PROJECT_ROOT).returncode == 0
+
+
+# ---- a sweep owns its directory, refuses what it did not write, and counts every job ---------------
+
+def _user_folder(tmp_path: Path) -> Path:
+    theirs = tmp_path / "my-figures"
+    theirs.mkdir()
+    for name in ("objective.png", "objective.svg", "figure1_final.png"):
+        (theirs / name).write_bytes(b"the user's own " + name.encode())
+    return theirs
+
+
+@pytest.mark.parametrize("name, text", [("multirun.yaml", "my: own notes\n"), ("summary.md", "# my own summary\n")])
+def test_a_sweep_into_a_folder_holding_the_users_file_is_refused_before_hydra_writes(warm, tmp_path, name, text):
+    """Refused at the sweep's start, before Hydra writes its multirun.yaml (on_multirun_start runs
+    first) and before any job: not after every job ran."""
+    d = tmp_path / "users-folder"
+    d.mkdir()
+    (d / name).write_text(text)
+    done = sweep(warm, d, "fusion.alpha=0.3,0.7")
+    why = "ragrig sweep" if name == "multirun.yaml" else "ragrig report"
+    assert_one_line(done, f"ragrig: error: {d / name} was not written by a {why}; ")
+    assert "hydra.sweep.dir" in error_lines(done.stderr)[0]
+    assert _snapshot(d) == {name: text.encode()} and [p.name for p in d.iterdir()] == [name], "nothing written"
+
+
+def test_a_second_sweep_into_a_directory_in_use_gets_one_line(warm, tmp_path):
+    """The sweep holding the directory is named by its pid while that pid runs its recorded command."""
+    from rag.rundir import SWEEP_LOCK, lock_sweep, unlock_sweep
+
+    d = tmp_path / "shared-sweep"
+    lock_sweep(d)  # a sweep of this process holds it, as a running `python run.py -m` would
+    try:
+        done = sweep(warm, d, "fusion.alpha=0.3")
+    finally:
+        unlock_sweep(d)
+    assert_one_line(done, f"ragrig: error: sweep directory {d} is in use by another sweep (pid {os.getpid()}: ")
+    assert sorted(p.name for p in d.iterdir()) == [SWEEP_LOCK], "no job, no stamp, no multirun.yaml"
+
+
+def test_a_stale_sweep_lock_of_a_dead_process_does_not_block(tmp_path):
+    from rag.rundir import SWEEP_LOCK, lock_sweep, unlock_sweep
+
+    d = tmp_path / "after-a-crash"
+    d.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (d / SWEEP_LOCK).write_text(json.dumps({"pid": int(dead.stdout), "cmdline": ["python", "run.py", "-m"]}))
+    lock_sweep(d)
+    try:
+        assert json.loads((d / SWEEP_LOCK).read_text())["pid"] == os.getpid(), "the lock now names its holder"
+    finally:
+        unlock_sweep(d)
+
+
+def test_a_lock_holder_is_named_only_while_its_pid_runs_the_recorded_command(tmp_path):
+    """A pid is reused: a lock file naming a live pid with another command line names nobody."""
+    from rag.rundir import SWEEP_LOCK, lock_sweep
+    from rag.types import RagError
+
+    d = tmp_path / "held"
+    d.mkdir()
+    with open(d / SWEEP_LOCK, "w+") as held:  # another sweep's lock (flock binds open files, not processes)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write(json.dumps({"pid": os.getpid(), "cmdline": ["python", "run.py", "-m", "not-this-process"]}))
+        held.flush()
+        with pytest.raises(RagError) as refused:
+            lock_sweep(d)
+    assert f"sweep directory {d} is in use by another sweep; " in str(refused.value) and "pid" not in str(refused.value)
+
+
+@pytest.mark.parametrize("where", ["run", "sweep"])
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path, where):
+    """The lock file records its holder's pid: written through a link, it would overwrite the target."""
+    from rag import rundir
+    from rag.types import RagError
+
+    target = tmp_path / "my-notes.txt"
+    target.write_text("precious")
+    d = tmp_path / where
+    d.mkdir()
+    (d / (LOCK_FILE if where == "run" else rundir.SWEEP_LOCK)).symlink_to(target)
+    with pytest.raises(RagError, match="holds .ragrig.lock, which no ragrig run wrote" if where == "run" else "is a link"):
+        rundir.claim(d) if where == "run" else rundir.lock_sweep(d)
+    assert target.read_text() == "precious"
+
+
+def test_a_listed_log_that_is_a_link_is_refused_before_it_is_truncated(tmp_path):
+    """A run directory whose marker lists run.log, where run.log now links to a user's file."""
+    from rag import rundir
+    from rag.types import RagError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / RUN_MARKER).write_text(json.dumps({"files": ["metrics.json", "run.log"]}))
+    target = tmp_path / "journal.txt"
+    target.write_text("my journal")
+    (out / "run.log").symlink_to(target)
+    with pytest.raises(RagError, match="holds run.log, which no ragrig run wrote there"):
+        rundir.claim(out)
+    assert target.read_text() == "my journal" and (out / "run.log").is_symlink()
+
+
+def test_a_report_marker_never_removes_a_file_outside_its_directory(tmp_path):
+    """A results folder received from someone else may list anything: absolute paths, '..', and
+    paths through a link out of the folder are left alone."""
+    from rag.rundir import REPORT_MARKER, remove_report
+
+    outside = tmp_path / "home"
+    outside.mkdir()
+    victims = {n: outside / n for n in ("absolute.txt", "dotdot.txt", "linked.txt")}
+    for p in victims.values():
+        p.write_text("mine")
+    d = tmp_path / "received" / "results"
+    d.mkdir(parents=True)
+    (d / "via").symlink_to(outside)
+    (d / "summary.md").write_text("a report")
+    listed = [str(victims["absolute.txt"]), "../../home/dotdot.txt", "via/linked.txt", "summary.md"]
+    (d / REPORT_MARKER).write_text(json.dumps({"files": listed}))
+    assert remove_report(d) == ["summary.md"]
+    assert all(p.read_text() == "mine" for p in victims.values())
+
+
+def test_a_charts_link_to_the_users_folder_is_refused_before_anything_is_removed(tmp_path, capsys):
+    """An earlier report listed charts/objective.png; charts/ is now a link to the user's folder
+    holding files of those names: neither the sweep's start nor the report removes or writes there."""
+    from experiments.aggregate import load_records
+    from experiments.callbacks import claim_sweep_dir
+    from experiments.report_files import build_report
+    from rag.rundir import remove_report, write_sweep_stamp
+    from rag.types import RagError
+    from tests.test_experiments import write_run
+
+    d = tmp_path / "sweep"
+    write_sweep_stamp(d)
+    write_run(d / "0", values={"mrr": [0.2, 0.4]}, job=0)
+    build_report(load_records([d]), d)
+    theirs = _user_folder(tmp_path)
+    shutil.rmtree(d / "charts")
+    (d / "charts").symlink_to(theirs)
+    before = _snapshot(theirs)
+    with pytest.raises(SystemExit) as refused:
+        claim_sweep_dir(d)
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.startswith(f"ragrig: error: {d / 'charts'} is a link, which a ragrig report never writes")
+    with pytest.raises(RagError, match="is a link"):
+        build_report(load_records([d]), d)
+    remove_report(d)
+    assert _snapshot(theirs) == before and (d / "charts").is_symlink()
+
+
+def test_a_report_file_that_is_a_link_is_never_written_through(tmp_path):
+    from experiments.aggregate import load_records
+    from experiments.report_files import build_report
+    from rag.types import RagError
+    from tests.test_experiments import write_run
+
+    d = tmp_path / "sweep"
+    write_run(d / "0", values={"mrr": [0.2, 0.4]}, job=0)
+    build_report(load_records([d]), d)
+    mine = tmp_path / "thesis-table.csv"
+    mine.write_text("my table")
+    (d / "summary.csv").unlink()
+    (d / "summary.csv").symlink_to(mine)
+    with pytest.raises(RagError, match="summary.csv is a link"):
+        build_report(load_records([d]), d)
+    assert mine.read_text() == "my table"
+
+
+def test_an_interrupted_report_leaves_only_files_its_marker_claims(tmp_path, monkeypatch):
+    """Ctrl-C while the charts are drawn (one chart written): the marker, written first, lists the
+    tables and the staged chart, so the next report there replaces them instead of refusing."""
+    import experiments.report_files as rf
+    from experiments.aggregate import load_records
+    from experiments.callbacks import write_sweep_summary
+    from rag.rundir import REPORT_MARKER, foreign_report_file, remove_report
+    from tests.test_experiments import write_run
+
+    d = tmp_path / "sweep"
+    write_run(d / "0", values={"mrr": [0.2, 0.4]}, job=0, overrides=["fusion.alpha=0.3"])
+    write_run(d / "1", values={"mrr": [0.3, 0.5]}, job=1, overrides=["fusion.alpha=0.7"])
+    real = rf.make_charts
+
+    def interrupted(rep, out_dir, formats):
+        real(rep, out_dir, formats)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rf, "make_charts", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rf.build_report(load_records([d]), d)
+    marker = json.loads((d / REPORT_MARKER).read_text())
+    assert marker["state"] == "writing" and {"summary.csv", "comparison.csv"} <= set(marker["files"])
+    staged = [p for p in (d / marker["staging"]).rglob("*") if p.is_file()]
+    assert staged and foreign_report_file(d) is None
+    monkeypatch.setattr(rf, "make_charts", real)
+    assert write_sweep_summary(d), "the next summary there is written"
+    assert json.loads((d / REPORT_MARKER).read_text())["state"] == "done" and not (d / marker["staging"]).exists()
+    assert list((d / "charts").iterdir())
+    remove_report(d)
+    assert sorted(p.name for p in d.iterdir()) == ["0", "1"], "every file of the report was known as its own"
+
+
+def test_a_job_refused_its_directory_is_a_failed_job(tmp_path, capsys):
+    from experiments.aggregate import load_records
+    from experiments.callbacks import judge_sweep
+    from rag.rundir import record_refused, write_sweep_stamp
+    from tests.test_experiments import write_run
+
+    d = tmp_path / "sweep"
+    write_sweep_stamp(d)
+    (d / "0").mkdir()
+    (d / "0" / "notes.txt").write_text("mine")
+    record_refused(d, 0, d / "0", f"output directory {d / '0'} holds notes.txt, which no ragrig run wrote there",
+                   ["fusion.alpha=0.3"])
+    write_run(d / "1", values={"mrr": [0.2, 0.4]}, job=1, overrides=["fusion.alpha=0.7"])
+    records = load_records([d])
+    assert [(r.job_num, r.status) for r in records] == [(0, "failed"), (1, "ok")], "in job order"
+    assert records[0].failure["error_type"] == "Refused" and "notes.txt" in records[0].failure["message"]
+    assert records[0].overrides == ["fusion.alpha=0.3"]
+    assert judge_sweep(d, "any") == 1 and judge_sweep(d, "all") == 0
+    assert "ragrig: 1 of 2 jobs failed (jobs 0; report.fail_on=any)" in capsys.readouterr().err
+    write_sweep_stamp(d)  # a new sweep here: the earlier sweep's refusal is no job of it
+    assert not any(r.failure and r.failure.get("error_type") == "Refused" for r in load_records([d]))
+
+
+def test_jobs_refused_their_directories_are_listed_counted_and_fail_the_sweep(warm, tmp_path):
+    """Job 0's directory holds a user's file, job 1's is in use by another run, job 2 runs: three
+    jobs, two failed, exit 1 under report.fail_on=any; nothing written into either directory."""
+    d = tmp_path / "sweep-with-a-busy-job"
+    (d / "0").mkdir(parents=True)
+    (d / "0" / "notes.txt").write_text("mine")
+    (d / "1").mkdir()
+    with open(d / "1" / LOCK_FILE, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = sweep(warm, d, "fusion.alpha=0.3,0.5,0.7", "report.fail_on=any")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "sweep summary: 3 jobs (2 failed)" in done.stdout
+    assert "ragrig: 2 of 3 jobs failed (jobs 0, 1; report.fail_on=any)" in done.stderr
+    df = pd.read_csv(d / "summary.csv")
+    assert df["job"].tolist() == [0, 1, 2] and df["status"].tolist() == ["failed", "failed", "ok"]
+    assert "holds notes.txt" in df.iloc[0]["error"] and "is in use by another run" in df.iloc[1]["error"]
+    assert sorted(p.name for p in (d / "0").iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in (d / "1").iterdir()) == [LOCK_FILE]

@@ -4,6 +4,7 @@ refused in one line that does not repeat it, before anything is written; and eve
 HTTP error line redacts what looks like one (rag/secrets.py, rag/logs.py)."""
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from rag.config import PROJECT_ROOT
 from rag.endpoint import Endpoint
@@ -19,6 +21,7 @@ from rag.secrets import is_env_name, looks_like_secret, redact, redact_url
 from rag.settings import validate
 from rag.types import RagError
 from tests.conftest import tiny_overrides, write_jsonl
+from tests.scripted_endpoint import ScriptedEndpoint, echo
 from tests.test_cli_errors import ENV
 
 KEY = "sk-PLANTEDsecret1234567890abcdef"
@@ -102,7 +105,7 @@ def test_a_key_pasted_into_any_roles_api_key_env_is_refused_redacted(role):
                                       "run's files; export it and set llm.api_key_env=NAME")),
     (f"embedder.base_url=http://bob:{PASSWORD}@127.0.0.1:9/v1",
      "embedder.base_url must not hold credentials (got http://…redacted@127.0.0.1:9/v1)"),
-    (f"+llm.endpoint.extra_body.auth={KEY}", "llm.endpoint.extra_body.auth holds what looks like a key (sk-…redacted)"),
+    (f"+llm.endpoint.extra_body.user={KEY}", "llm.endpoint.extra_body.user holds what looks like a key (sk-…redacted)"),
 ])
 def test_secrets_anywhere_in_the_config_are_refused_redacted(override, expect):
     base = ["embedder=openai"] if override.startswith("embedder") else ["llm=openai"]
@@ -207,3 +210,103 @@ def test_hydras_own_errors_quote_an_override_without_its_secret(override, expect
         _compose([override])
     line = config_error_line(e.value)
     assert expect in line and PLANTED not in line, line
+
+
+# ---- a credential's key, however it is spelt; values from the environment -----------------------
+
+@pytest.mark.parametrize("name", ["api-key", "x-api-key", "X-Api-Key", "session_token", "sessionToken", "Authorization",
+                                  "proxy-authorization", "password", "secret", "auth", "token", "credential", "cookie",
+                                  "Ocp-Apim-Subscription-Key", "refresh_token"])
+def test_a_credentials_key_under_extra_body_is_refused_however_spelt_and_names_the_real_setting(name, monkeypatch):
+    monkeypatch.setenv("MY_SERVER_KEY", "not-a-provider-shape-4242")
+    with pytest.raises(RagError) as e:
+        validate(_compose(["llm=openai", f"+llm.endpoint.extra_body.{name}=${{oc.env:MY_SERVER_KEY}}"]))
+    assert str(e.value) == (f"llm.endpoint.extra_body.{name} is not accepted: a key in the config would be written "
+                            "into the run's files; export it and set llm.api_key_env=NAME (the variable's name; "
+                            "sent as Authorization: Bearer)")
+    assert "4242" not in str(e.value)
+
+
+@pytest.mark.parametrize("role,extra", [("llm", ["llm=openai"]), ("eval.judge", []),
+                                        ("contextualizer.llm", ["llm@contextualizer.llm=openai"]),
+                                        ("compressor.llm", ["compressor=llm", "llm@compressor.llm=openai"])])
+def test_the_refusal_of_extra_body_token_names_a_setting_the_role_has(role, extra):
+    with pytest.raises(RagError) as e:
+        validate(_compose([*extra, f"+{role}.endpoint.extra_body.token=abc"]))
+    assert f"set {role}.api_key_env=NAME" in str(e.value) and "extra_body.api_key_env" not in str(e.value)
+    assert "api_key_env" in OmegaConf.select(_compose(extra), role), "the setting named exists"
+
+
+def test_a_key_outside_every_role_names_no_setting_that_does_not_exist():
+    with pytest.raises(RagError) as e:
+        validate(_compose(["+corpus.password=hunter2"]))
+    assert str(e.value) == ("corpus.password is not accepted: a key in the config would be written into the run's "
+                            "files; export it and name its variable in the api_key_env of the role that sends it "
+                            "(llm, embedder, reranker, eval.judge)")
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "min_tokens", "bos_token", "pad_token", "per_token", "api_key_env",
+                                  "token_env", "skip_special_tokens", "tokenizer", "top_k", "key"])
+def test_settings_that_only_look_like_credentials_are_not_refused(name):
+    from rag.secrets import is_secret_key
+
+    assert not is_secret_key(name) and not is_secret_key(f"llm.endpoint.extra_body.{name}")
+
+
+@pytest.fixture
+def noted(monkeypatch):
+    """A fresh record of the values interpolated from the environment (rag.secrets), for this test."""
+    from rag import secrets
+
+    monkeypatch.setattr(secrets, "_FROM_ENVIRONMENT", {}, raising=False)
+    return secrets
+
+
+def test_a_value_from_the_environment_is_written_as_its_interpolation(noted, monkeypatch):
+    monkeypatch.setenv("MY_SESSION", "PLANTEDsession")
+    monkeypatch.setenv("MY_SHORT", "7")
+    monkeypatch.setenv("RAGRIG_DATA", "/srv/ragrig-data")
+    noted.note_environment({"a": "${oc.env:MY_SESSION}", "b": "x-${oc.env:MY_SHORT,1}",
+                            "c": "${oc.env:RAGRIG_DATA,/d}", "d": "${oc.env:MY_UNSET_VARIABLE,fallback}"})
+    written = noted.redacted_data({"user": "PLANTEDsession", "header": "id PLANTEDsession here", "n": "7", "k": "17",
+                                   "data": "/srv/ragrig-data", "other": "fallback", "list": ["PLANTEDsession"],
+                                   "x-api-key": "whatever", "api_key_env": "MY_KEY", "top_k": 7})
+    assert written == {"user": "${oc.env:MY_SESSION}", "header": "id ${oc.env:MY_SESSION} here",
+                       "n": "${oc.env:MY_SHORT}", "k": "17", "data": "/srv/ragrig-data", "other": "fallback",
+                       "list": ["${oc.env:MY_SESSION}"], "x-api-key": "…redacted", "api_key_env": "MY_KEY", "top_k": 7}
+
+
+def test_no_value_from_the_environment_reaches_a_runs_files_or_its_cache(tiny_files, compose_cfg, noted, monkeypatch):
+    from rag.pipeline import run
+
+    value = "PLANTEDsessionvalue-55"
+    monkeypatch.setenv("MY_SESSION", value)
+    with ScriptedEndpoint(echo) as srv:
+        monkeypatch.setenv("MY_LLM_URL", srv.base_url)
+        cfg = compose_cfg([*tiny_overrides(tiny_files), "llm=openai", "llm.base_url=${oc.env:MY_LLM_URL}", "llm.model=m",
+                           "+llm.endpoint.extra_body.user=${oc.env:MY_SESSION}", "report.html=true"])
+        run(cfg, tiny_files["out"])
+        run(compose_cfg([*tiny_overrides(tiny_files), "llm=openai", "llm.base_url=${oc.env:MY_LLM_URL}", "llm.model=m",
+                         "+llm.endpoint.extra_body.user=${oc.env:MY_SESSION}", "llm.dry_run=true"]), tiny_files["out"] / "dry")
+        assert {r["json"]["user"] for r in srv.chat_requests} == {value}, "the server still gets the value"
+    written = [p for root in (tiny_files["out"], tiny_files["cache"]) for p in Path(root).rglob("*") if p.is_file()]
+    assert {p.name for p in written} >= {"metrics.json", "config_resolved.yaml", "report.html", "manifest.json",
+                                         "dry_run.json"}
+    assert [p for p in written if value.encode() in p.read_bytes() or srv.base_url.encode() in p.read_bytes()] == []
+    config = json.loads((tiny_files["out"] / "metrics.json").read_text())["config"]["llm"]
+    assert config["endpoint"]["extra_body"] == {"user": "${oc.env:MY_SESSION}"}
+    assert config["base_url"] == "${oc.env:MY_LLM_URL}"
+
+
+def test_generated_questions_provenance_holds_no_value_from_the_environment(tmp_path, noted, monkeypatch):
+    from rag.testset.__main__ import generate
+    from tests.test_testset import overrides, toy_chat
+
+    value = "PLANTEDsessionvalue-66"
+    monkeypatch.setenv("MY_SESSION", value)
+    with ScriptedEndpoint(chat=toy_chat) as srv:
+        generate(overrides(srv, tmp_path, "+llm.endpoint.extra_body.user=${oc.env:MY_SESSION}"))
+        assert {r["json"]["user"] for r in srv.chat_requests} == {value}
+    rows = [json.loads(line) for line in (tmp_path / "toy.jsonl").read_text().splitlines()]
+    assert rows and all(r["provenance"]["generator"]["params"]["user"] == "${oc.env:MY_SESSION}" for r in rows)
+    assert [p for p in tmp_path.rglob("*") if p.is_file() and value.encode() in p.read_bytes()] == []

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rag.cache import ArtifactCache
 from rag.cache_records import RECORD_SUMS
@@ -43,6 +44,7 @@ def test_every_seed_record_matches_its_checksum(tmp_path, caplog):
     assert not [r for r in caplog.records if r.name == "rag.cache"]
 
 
+@pytest.mark.heavy
 def test_cold_v3_and_v4_runs_on_the_default_slice_embed_no_chunk_and_score_no_candidate(compose_cfg, tmp_path):
     """An empty cache and the shipped seed: the chunk vectors are restored, every question's
     cross-encoder scores are read from the seed, and nothing is recorded anew (the timed latency
@@ -62,6 +64,7 @@ def test_cold_v3_and_v4_runs_on_the_default_slice_embed_no_chunk_and_score_no_ca
         assert set((MODEL_CACHE / "rerank_scores").glob("*/*.json")) == recorded, \
             f"{version}: candidates were scored, not read from the seed: the seed is stale (make seed)"
         assert metrics["timings_s"]["rerank"] < 10, "150 questions read, not scored (about 70 s when scored)"
+        assert "fitted" not in metrics, f"{version}: the demo's corpora are what its parts were fitted on"
     assert not (cache / "rerank_scores").exists()
 
 
@@ -93,6 +96,7 @@ def _v3(cfg_for, cache: Path, model_cache: Path, seed: Path, out: Path) -> list[
     return [json.loads(line) for line in (out / "per_question.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.heavy
 def test_a_seed_record_with_a_flipped_byte_is_named_and_scored_anew_as_an_unseeded_run_would(
         compose_cfg, tmp_path, monkeypatch, caplog):
     """A score of -5.1 turned into 5.1 by one byte would put that question's worst candidate

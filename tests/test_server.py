@@ -100,7 +100,7 @@ def test_dry_run_counts_what_the_server_then_counts(reference):
 
 def test_served_answers_equal_the_in_process_greedy_answers(reference, model, data, root):
     """Same weights, chat template, max tokens and greedy decoding. batch_size=1: batching pads
-    prompts on the left, which can move a float32 argmax (docs/serving.md). The in-process stop
+    prompts on the left, which can move a float32 argmax (docs/explanation/serving.md). The in-process stop
     rule that ends an answer where it starts repeating itself is off: the server has none."""
     local = run_overrides(overrides(data, root / "cache-local", "llm=smollm2", "llm.batch_size=1",
                                     "llm.repeat_stop_ngram=0"), root / "local")

@@ -59,6 +59,9 @@ def test_the_judge_node_is_kept_only_when_enabled():
     ("pricing.embed.output=cheap", r"^pricing.embed.output must be a number, got 'cheap'$"),
     ("+pricing.embd={input: 1}", r"^pricing.embd: unknown model role; known: contextualize, embed, rerank, compress, generate, judge, relevance$"),
     ("+pricing.judge.per_token=1", r"^pricing.judge: unknown key\(s\) \['per_token'\]; known: input, output, request"),
+    ("+report.min_effect.speed=1", r"^report.min_effect.speed: no such metric; known: recall_at_k, "),
+    ("+report.min_effect.ndcg_at_k=-0.1", r"^report.min_effect.ndcg_at_k must be a difference >= 0 in the metric's unit"),
+    ("report.min_effect=0.01", r"^report.min_effect must be a mapping of metric to smallest difference"),
 ])
 def test_a_bad_value_is_one_line_at_the_door(override, message):
     with pytest.raises(RagError, match=message):
@@ -91,3 +94,18 @@ def test_no_module_below_the_door_reads_the_composed_config():
                 readers.append(rel)
     assert readers == []
 
+
+
+@pytest.mark.parametrize("overrides, chosen", [
+    (["+version=v3", "sweep=demo", "llm=extractive"], set()),
+    (["slice.questions_per_corpus=20", "eval.k=10"], {"slice.questions_per_corpus"}),
+    (["+slice.answer_questions_per_corpus=2", "slice.docs_per_source=5"],
+     {"slice.answer_questions_per_corpus", "slice.docs_per_source"}),
+    (["slice=all"], {"slice.docs_per_source", "slice.questions_per_corpus", "slice.answer_questions_per_corpus"}),
+    (None, {"slice.docs_per_source", "slice.questions_per_corpus", "slice.answer_questions_per_corpus"}),
+])
+def test_the_slice_settings_a_user_set_are_the_ones_on_the_command_line(overrides, chosen):
+    """Outside a Hydra run (the Python API) every sample counts as the user's."""
+    from rag.settings import chosen_slice_settings
+
+    assert chosen_slice_settings(overrides) == chosen

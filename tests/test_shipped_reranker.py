@@ -13,7 +13,8 @@ import pytest
 
 from rag.cache import file_sha256
 from rag.config import PROJECT_ROOT
-from rag.reranker.training.shipped import LAYERS, SHIPPED_DIR, WEIGHTS, restore, shipped_manifest
+from rag.fitted import described
+from rag.reranker.training.shipped import LAYERS, SHIPPED_DIR, WEIGHTS, restore, shipped_fitted_on, shipped_manifest
 
 MANIFEST_DATA = shipped_manifest()
 
@@ -51,6 +52,7 @@ def test_damaged_shipped_layers_are_not_restored(tmp_path):
     assert not (out / WEIGHTS).exists()
 
 
+@pytest.mark.heavy
 def test_a_reranker_cache_builds_the_shipped_model_without_training(tmp_path, monkeypatch):
     """The default recipe's key is the shipped key: building its artifact restores, never trains."""
     from hydra import compose, initialize_config_dir
@@ -69,6 +71,9 @@ def test_a_reranker_cache_builds_the_shipped_model_without_training(tmp_path, mo
     art = artifact.build_trained_model(train, ArtifactCache(tmp_path / "cache"))
     assert art.key == MANIFEST_DATA["key"] and art.manifest["source"] == "shipped"
     assert file_sha256(art.path / WEIGHTS) == MANIFEST_DATA["files"][WEIGHTS]
+    # what it learnt from, as the artifact records it and as fitted_on.json beside the shipped model says
+    assert shipped_fitted_on() == {"key": art.key, "corpora": described(artifact.fitted_on(art))}
+    assert [c["name"] for c in shipped_fitted_on()["corpora"]] == ["PubMedQA", "libc", "PyTorch"]
 
 
 @pytest.mark.slow

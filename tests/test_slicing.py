@@ -1,8 +1,8 @@
 """What a run keeps of its corpus and questions (rag/corpus/slicing.py, conf/slice/): your own
 files are used whole unless you ask for a sample, the shipped corpus keeps the sample the demo and
 the seed are built on, and every sample a run takes is said in one line, "kept N of M questions
-(slice.questions_per_corpus=50; null keeps all)", in the terminal, run.log, metrics.json (`slice`)
-and report.html."""
+(slice.questions_per_corpus=50; null keeps all)", in run.log, metrics.json (`slice`) and report.html,
+and in the terminal when the user set it."""
 from __future__ import annotations
 
 import json
@@ -104,3 +104,23 @@ def test_a_sample_you_ask_for_is_said_in_the_terminal_run_log_metrics_and_report
         assert line in log, f"run.log: {line}"
         assert line in report, f"report.html: {line}"
 
+
+
+def test_a_sample_the_configuration_takes_goes_to_run_log_not_the_terminal(tmp_path):
+    """make demo's slice and answered sample are its configuration's, documented in the README:
+    no warning to a newcomer. Here a preset of the user's config directory takes the sample, as
+    sweep=demo does; the line is in run.log, metrics.json and the report, not on the terminal."""
+    files = own_files(tmp_path, 60, fillers=20)
+    presets = tmp_path / "conf" / "sample"
+    presets.mkdir(parents=True)
+    (presets / "ten.yaml").write_text("# @package _global_\nslice:\n  questions_per_corpus: 10\n")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "run.py", "--config-dir", str(tmp_path / "conf"), f"hydra.run.dir={out}",
+                           *own_overrides(files, tmp_path / "cache"), "+sample=ten"],
+                          capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = "kept 30 of 60 questions (slice.questions_per_corpus=10; null keeps all)"
+    assert line not in done.stdout + done.stderr
+    assert line in (out / "run.log").read_text()
+    assert json.loads((out / "metrics.json").read_text())["slice"]["questions"]["kept"] == 30

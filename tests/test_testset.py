@@ -5,6 +5,7 @@ rerun asks nothing, a dry run counts what a run sends, each filter drops the que
 the file is a question set that qa=jsonl and a run read as they are."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
@@ -288,7 +289,7 @@ def test_templates_ask_man_pages_without_a_model_and_refuse_a_corpus_without_the
     answer = next(r["answer"] for r in rows if r["question"] == "What does sleep() return?")
     assert answer.startswith("Zero if the requested time has elapsed")
     assert all(r["provenance"]["kind"].startswith("template:") for r in rows)
-    with pytest.raises(RagError, match="found no man page or PyTorch docstring"):
+    with pytest.raises(RagError, match="found nothing to ask about"):
         generate(["corpus=jsonl", f"corpus.path={TOY}", f"paths.cache={tmp_path / 'cache'}",
                   "testset.generator=templates", f"testset.out={tmp_path / 'x.jsonl'}"])
 
@@ -330,3 +331,176 @@ def test_the_packaged_smollm2_writes_questions_for_the_toy_corpus(tmp_path):
         return
     assert summary["requests"]["requests"] >= 6 and 1 <= summary["written"] <= 3
     assert len(JsonlQuestions(out).items()) == summary["written"]
+
+
+# ---- the generator writes over nothing it did not write ------------------------------------------
+
+def refused_at_start(srv: ScriptedEndpoint, args: list[str], capsys) -> str:
+    """The one line `python -m rag.testset` stops with (exit 2), having sent nothing."""
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and srv.requests == [], (err, len(srv.requests))
+    return err
+
+
+def test_a_users_question_file_at_out_is_refused_before_anything_is_asked(tmp_path, capsys):
+    mine = tmp_path / "toy.jsonl"
+    mine.write_text('{"id": "q1", "question": "my own question", "answer": "mine"}\n')
+    with ScriptedEndpoint(chat=toy_chat) as srv:
+        err = refused_at_start(srv, overrides(srv, tmp_path), capsys)
+    assert err == (f"ragrig testset: error: testset.out={mine} exists and was not written by python -m rag.testset "
+                   "(no toy.summary.json beside it vouches for it); it is not replaced: move it, or choose another "
+                   "testset.out")
+    assert mine.read_text().startswith('{"id": "q1"') and not (tmp_path / "toy.summary.json").exists()
+
+
+@pytest.mark.parametrize("which", ["corpus", "qa"])
+def test_the_corpus_and_the_question_file_are_never_the_output(tmp_path, capsys, which):
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [json.loads(line) for line in TOY.read_text().splitlines()])
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text('{"id": "q1", "question": "Why?", "answer": "Because."}\n')
+    before = {p: p.read_bytes() for p in (corpus, questions)}
+    target = corpus if which == "corpus" else questions
+    with ScriptedEndpoint(chat=toy_chat) as srv:
+        args = [o for o in overrides(srv, tmp_path) if not o.startswith(("corpus.path=", "testset.out="))]
+        err = refused_at_start(srv, [*args, f"corpus.path={corpus}", "qa=jsonl", f"qa.path={questions}",
+                                     f"testset.out={target}"], capsys)
+    assert f"testset.out={target} is {which}.path: the question set is never written over its own inputs" in err
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_the_corpus_is_refused_even_as_a_file_the_generator_wrote(tmp_path, capsys):
+    """A question file written by the generator, then used as the corpus: still never the output."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_bytes(TOY.read_bytes())
+    (tmp_path / "docs.summary.json").write_text(json.dumps({
+        "out": str(corpus), "passages": {}, "filters": {}, "out_sha256": hashlib.sha256(corpus.read_bytes()).hexdigest()}))
+    with ScriptedEndpoint(chat=toy_chat) as srv:
+        args = [o for o in overrides(srv, tmp_path) if not o.startswith(("corpus.path=", "testset.out="))]
+        err = refused_at_start(srv, [*args, f"corpus.path={corpus}", f"testset.out={corpus}"], capsys)
+    assert "is corpus.path" in err and corpus.read_bytes() == TOY.read_bytes()
+
+
+def test_out_naming_a_folder_or_a_path_below_a_file_is_one_line_at_start_up(tmp_path, capsys):
+    folder = tmp_path / "questions"
+    folder.mkdir()
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with ScriptedEndpoint(chat=toy_chat) as srv:
+        err = refused_at_start(srv, [*overrides(srv, tmp_path), f"testset.out={folder}"], capsys)
+        assert err.startswith(f"ragrig testset: error: testset.out={folder} is a folder, not a file")
+        err = refused_at_start(srv, [*overrides(srv, tmp_path), f"testset.out={a_file / 'q.jsonl'}"], capsys)
+        assert f"{a_file} is a file, not a folder" in err
+    assert list(folder.iterdir()) == [] and a_file.read_text() == "mine"
+
+
+def test_out_that_is_a_link_is_refused(tmp_path, capsys):
+    mine = tmp_path / "elsewhere.jsonl"
+    mine.write_text("my file\n")
+    (tmp_path / "toy.jsonl").symlink_to(mine)
+    with ScriptedEndpoint(chat=toy_chat) as srv:
+        err = refused_at_start(srv, overrides(srv, tmp_path), capsys)
+    assert f"testset.out={tmp_path / 'toy.jsonl'} is a link" in err and mine.read_text() == "my file\n"
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_summary_of_the_users_beside_out_is_refused(tmp_path, capsys, dry_run):
+    """<out>.summary.json (a dry run: .dry_run.json) that is not the generator's summary of <out>."""
+    name = "toy.dry_run.json" if dry_run else "toy.summary.json"
+    (tmp_path / name).write_text('{"my": "results"}\n')
+    with ScriptedEndpoint(chat=toy_chat) as srv:
+        err = refused_at_start(srv, [*overrides(srv, tmp_path), f"testset.dry_run={str(dry_run).lower()}"], capsys)
+    assert f"{tmp_path / name} exists and is not the summary python -m rag.testset wrote" in err
+    assert (tmp_path / name).read_text() == '{"my": "results"}\n'
+
+
+def test_a_question_file_edited_since_it_was_written_is_not_replaced(tmp_path, capsys):
+    """The generator replaces its own file (the summary vouches for its sha256), and not once a
+    question was fixed by hand; a run that writes no new file keeps vouching for the one it left."""
+    out = tmp_path / "toy.jsonl"
+    with ScriptedEndpoint(chat=toy_chat) as srv:
+        generate(overrides(srv, tmp_path, "testset.n=4"))
+        vouched = json.loads((tmp_path / "toy.summary.json").read_text())["out_sha256"]
+        assert vouched == hashlib.sha256(out.read_bytes()).hexdigest()
+        generate(overrides(srv, tmp_path, "testset.n=3"))  # its own file: replaced
+        assert len(out.read_text().splitlines()) == 3
+        generate(overrides(srv, tmp_path, "testset.n=3", "testset.dry_run=true"))
+        assert main(overrides(srv, tmp_path, "testset.n=3")) == 0, "a dry run leaves the vouching alone"
+        capsys.readouterr()
+        edited = out.read_text().replace("What should I know", "What must I know", 1)
+        out.write_text(edited)
+        sent = len(srv.requests)
+        assert main(overrides(srv, tmp_path, "testset.n=2")) == 2 and len(srv.requests) == sent
+    assert f"testset.out={out} was changed since python -m rag.testset wrote it" in capsys.readouterr().err
+    assert out.read_text() == edited
+
+
+def test_an_input_folder_of_the_corpus_holds_no_output():
+    from rag.testset.out import check_out
+
+    node = {"n": 3, "seed": 0, "out": str(ROOT / "examples" / "toy" / "generated.jsonl"), "generator": "llm",
+            "dry_run": False, "oversample": 2.0, "kinds": {"factoid": 1}, "passages": {"_target_": "x"}, "filters": {}}
+    ts = load_testset(node)
+    with pytest.raises(RagError, match=r"is inside the corpus folder corpus.docs_dir="):
+        check_out(ts, {"_target_": "rag.corpus.Folder", "docs_dir": str(ROOT / "examples" / "toy")}, None)
+    check_out(ts, {"_target_": "rag.corpus.Folder", "docs_dir": str(ROOT / "docs")}, None)  # elsewhere: fine
+
+
+# ---- templates read the structure of any corpus's text -------------------------------------------
+
+HEADED_DOC = """Caring for a bicycle
+====================
+
+1.2 Chain care
+
+Clean the chain with a rag and degreaser before oiling it. Put one drop of chain oil on each roller
+while turning the pedals backwards, then wipe off the excess so the chain does not collect grit.
+
+## Brake pads
+
+Replace disc brake pads when the friction material is thinner than half a millimetre. Worn pads
+squeal, pull to one side and take longer to stop the bike on a wet descent.
+"""
+DOCSTRING = """kitchen.proof(dough, hours=12, cold=True)
+
+Proofs a dough until it has doubled in size, slowly and in the fridge by default.
+
+Args:
+    hours (int): how long the dough rests before it is shaped and baked.
+    cold (bool): whether the dough rests in the fridge rather than at room temperature.
+
+Returns:
+    The proofed dough, ready to be shaped into loaves.
+"""
+
+
+def test_templates_read_man_pages_docstrings_and_headed_docs_by_their_text(tmp_path):
+    """A jsonl corpus whose ids say nothing of their structure: the text does."""
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [
+        {"id": "sleep-page", "text": MAN_PAGE, "group": "reference"},
+        {"id": "bike-care", "text": HEADED_DOC, "group": "guides"},
+        {"id": "proof", "text": DOCSTRING, "group": "api"}])
+    out = tmp_path / "questions.jsonl"
+    summary = generate(["corpus=jsonl", f"corpus.path={corpus}", f"paths.cache={tmp_path / 'cache'}",
+                        f"paths.model_cache={MODEL_CACHE}", f"testset.out={out}", "testset.generator=templates",
+                        "testset.n=20", "testset.passages.chunk_size=200", "testset.filters.min_passage_chars=60",
+                        "testset.filters.min_prose_share=0.5", "testset.filters.min_word_overlap=0"])
+    rows = {r["question"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert "requests" not in summary and {r["doc_id"] for r in rows.values()} == {"sleep-page", "bike-care", "proof"}
+    man = next(r for q, r in rows.items() if r["doc_id"] == "sleep-page" and "sleep()" in q)
+    assert man["provenance"]["kind"] in ("template:description", "template:return_value")
+    chain = next(r for q, r in rows.items() if "Chain care" in q)
+    assert chain["provenance"]["kind"] == "template:section" and chain["answer"].startswith("Clean the chain")
+    assert "Brake pads" not in chain["answer"], "an answer stops at the next heading"
+    assert any("kitchen.proof" in q for q in rows), "a docstring is asked about by its object's name"
+
+
+def test_a_corpus_with_none_of_them_is_one_line_naming_what_was_looked_for(tmp_path, capsys):
+    assert main(["corpus=jsonl", f"corpus.path={TOY}", f"paths.cache={tmp_path / 'cache'}",
+                 "testset.generator=templates", f"testset.out={tmp_path / 'x.jsonl'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "found nothing to ask about in the 20 documents: no man page" in err
+    assert "no docstring" in err and "no headed documentation (# headings" in err
+    assert "use testset.generator=llm" in err and not (tmp_path / "x.jsonl").exists()
+

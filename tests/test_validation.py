@@ -72,3 +72,59 @@ def test_the_labels_report_compares_the_judges_grades_with_the_human_ones(tmp_pa
     assert data["confusion"] == {"0": {"0": 1, "1": 1, "unjudged": 1}, "1": {"0": 1, "3": 1}}
     assert data["kappa"] == pytest.approx(cohen_kappa_score([1, 0, 1, 0], [1, 0, 0, 0]))
     assert "Cohen's kappa" in capsys.readouterr().out
+
+
+# ---- a sweep against itself, LLM labels on the human side -----------------------------------------
+
+def _labels_sweep(root, name: str, source: str, grades=(1, 0, 0, 1, 0), judge=None):
+    """A finished one-job sweep whose labels came from `source` (qa: the question set's, llm: the judge's)."""
+    d = root / name / "0"
+    d.mkdir(parents=True)
+    hits = [{"chunk_id": f"d{i}#0", "doc_id": f"d{i}", "text": f"t{i}", "grade": g,
+             **({"judge_grade": judge[i]} if judge else {})} for i, g in enumerate(grades)]
+    (d / "per_question.jsonl").write_text(json.dumps({"id": "q1", "retrieved": hits}) + "\n")
+    (d / "metrics.json").write_text(json.dumps({"provenance": {"labels": {"source": source, "relevant_from": 2}}}))
+    pd.DataFrame({"job": [0], "label": ["v1"], "status": ["ok"]}).to_csv(root / name / "summary.csv")
+    pd.DataFrame({"label": [], "metric": []}).to_csv(root / name / "comparison.csv")
+    return root / name
+
+
+@pytest.mark.parametrize("what", ["labels", "questions"])
+def test_one_sweep_given_twice_is_refused(what, tmp_path, capsys):
+    sweep = _labels_sweep(tmp_path, "llm", "llm", judge=[3, 1, None, 0, 0])
+    assert main([what, str(sweep), str(tmp_path / "llm" / ".." / "llm")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"ragrig: error: {what}: {sweep} is given twice; compare two sweeps ({sweep} against "
+                            "itself agrees by construction)\n")
+    assert "kappa" not in captured.out and "tau" not in captured.out
+
+
+def test_a_human_side_whose_labels_came_from_an_llm_is_refused(tmp_path, capsys):
+    first = _labels_sweep(tmp_path, "first", "llm", judge=[3, 1, None, 0, 0])
+    second = _labels_sweep(tmp_path, "second", "llm", judge=[3, 1, None, 0, 0])
+    assert main(["labels", str(first), str(second)]) == 2
+    assert capsys.readouterr().err == (f"ragrig: error: {first}: its labels came from an LLM judge (job v1: "
+                                       "provenance.labels.source=llm); the first sweep must be scored with the "
+                                       "question set's labels (eval.relevance=labels)\n")
+
+
+def test_an_llm_side_scored_with_the_question_sets_labels_is_refused(tmp_path, capsys):
+    human = _labels_sweep(tmp_path, "human", "qa")
+    other = _labels_sweep(tmp_path, "other", "qa")
+    assert main(["labels", str(human), str(other)]) == 2
+    assert capsys.readouterr().err == (f"ragrig: error: {other}: job v1 was not scored by an LLM judge "
+                                       "(provenance.labels.source=qa); the second sweep must be run with "
+                                       "eval.relevance=llm\n")
+
+
+def test_a_sweep_without_a_finished_job_or_with_unreadable_records_is_one_line(tmp_path, capsys):
+    human = _labels_sweep(tmp_path, "human", "qa")
+    llm = _labels_sweep(tmp_path, "llm", "llm", judge=[3, 1, None, 0, 0])
+    pd.DataFrame({"job": [0], "label": ["v1"], "status": ["failed"]}).to_csv(llm / "summary.csv")
+    assert main(["labels", str(human), str(llm)]) == 2
+    assert capsys.readouterr().err == f"ragrig: error: {llm}: no finished job (its summary.csv lists none with status ok)\n"
+    pd.DataFrame({"job": [0], "label": ["v1"], "status": ["ok"]}).to_csv(llm / "summary.csv")
+    (llm / "0" / "per_question.jsonl").write_text('{"id": "q1", "retrieved": [{"chunk_id": "d0#0", "grade": NaN}]}\n')
+    assert main(["labels", str(human), str(llm)]) == 2
+    assert capsys.readouterr().err == (f"ragrig: error: {llm / '0'}: unreadable per_question.jsonl, line 1: NaN at "
+                                       "retrieved[0].grade, not a finite number\n")

@@ -202,3 +202,61 @@ def test_the_verdict_says_when_questions_were_generated_or_labels_graded_by_an_l
     from experiments.verdict import provenance_words
 
     assert provenance_words(provenances) == words
+
+
+def faster_by_a_hair(root: Path) -> Path:
+    """v2 is 0.3 ms slower than v1 on every one of 60 questions (certainly significant, and no
+    user cares) and better on nDCG by 0.005 on every question (the same)."""
+    n = 60
+    rng = np.random.default_rng(4)
+    latency = rng.uniform(4, 6, n)  # 10% of it is under 1 ms: 1 ms is the bar
+    ndcg = rng.uniform(0.2, 0.8, n)
+    mrr = list(rng.uniform(0, 1, n))
+    write_run(root / "v1", variant="v1", overrides=["+version=v1"], question_latency=list(latency),
+              values={"mrr": mrr, "ndcg_at_k": list(ndcg)})
+    write_run(root / "v2", variant="v2", overrides=["+version=v2"], question_latency=list(latency + 0.3),
+              values={"mrr": mrr, "ndcg_at_k": list(ndcg + 0.005)})
+    return root
+
+
+def test_a_significant_difference_smaller_than_what_matters_is_no_win_or_loss(tmp_path):
+    rep = analyze(load_records([faster_by_a_hair(tmp_path / "runs")]), tmp_path / "out", QUIET)
+    cells = rep.comparison.set_index("metric")
+    assert bool(cells.loc["latency_ms", "significant"]) and bool(cells.loc["ndcg_at_k", "significant"])
+    assert not cells.loc["latency_ms", "matters"] and not cells.loc["ndcg_at_k", "matters"]
+    assert cells.loc["latency_ms", "min_effect"] == 1.0 and cells.loc["ndcg_at_k", "min_effect"] == 0.01
+    assert list(cells["marker"]) == ["", "", ""]
+    words = rep.verdict.replace("\u00a0", " ")
+    assert "loses" not in words and "beats" not in words
+    assert ("no run differs from the baseline on any metric by the smallest difference that matters or more "
+            "after Holm's correction over 3 comparisons") in words
+    assert ("Significant, but smaller than the smallest difference that matters (report.min_effect), so neither a "
+            "win nor a loss: v2 on nDCG@5 by +0.005 [+0.005, +0.005] (it takes 0.010) and v2 on retrieval latency ↓ "
+            "by +0.3 ms [+0.3 ms, +0.3 ms] (it takes 1.0 ms).") in words
+
+
+def test_the_smallest_difference_that_matters_is_set_per_metric(tmp_path):
+    settings = ReportSettings(charts=False, html=False, min_effect={"latency": 0.1, "nDCG@5": "0.5%"})
+    rep = analyze(load_records([faster_by_a_hair(tmp_path / "runs")]), tmp_path / "out", settings)
+    marks = rep.comparison.set_index("metric")["marker"]
+    assert marks["latency_ms"] == "▼" and marks["ndcg_at_k"] == "▲" and marks["mrr"] == ""
+    words = rep.verdict.replace("\u00a0", " ")
+    assert "v2 beats v1 on nDCG@5 by +0.005 [+0.005, +0.005], but loses on retrieval latency ↓ by +0.3 ms" in words
+    assert "smaller than the smallest difference that matters" not in words
+
+
+def test_a_latency_difference_matters_from_a_tenth_of_the_baselines_latency(tmp_path):
+    """On a 10 ms baseline 1 ms is the bar; on a 2 s one, 200 ms."""
+    n = 40
+    rng = np.random.default_rng(5)
+    slow = rng.uniform(1900, 2100, n)
+    mrr = list(rng.uniform(0, 1, n))
+    write_run(tmp_path / "v1", variant="v1", overrides=["+version=v1"], question_latency=list(slow), values={"mrr": mrr})
+    write_run(tmp_path / "v2", variant="v2", overrides=["+version=v2"], question_latency=list(slow + 50),
+              values={"mrr": mrr})
+    write_run(tmp_path / "v3", variant="v3", overrides=["+version=v3"], question_latency=list(slow + 400),
+              values={"mrr": mrr})
+    rep = analyze(load_records([tmp_path]), tmp_path / "out", QUIET)
+    cells = rep.comparison[rep.comparison["metric"] == "latency_ms"].set_index("label")
+    assert cells.loc["v2", "min_effect"] == pytest.approx(0.1 * float(np.mean(slow)))
+    assert cells.loc["v2", "marker"] == "" and cells.loc["v3", "marker"] == "▼"

@@ -1,5 +1,5 @@
 """A reranker that moves up the candidates sharing the most words with the question: the worked
-example of docs/extending.md (run by tests/test_docs.py)."""
+example of docs/how-to/extending.md (run by tests/test_docs.py)."""
 from __future__ import annotations
 
 import re

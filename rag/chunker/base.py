@@ -19,9 +19,39 @@ Span = tuple[int, int]
 
 @runtime_checkable
 class Chunker(Protocol):
+    """What the runner asks of a chunker: a `chunk_size` and `split`. Subclass `BaseChunker`,
+    which checks the constructor's arguments and gives `with_chunk_size`."""
+
     chunk_size: int
 
-    def split(self, doc: Document) -> list[Chunk]: ...
+    def split(self, doc: Document) -> list[Chunk]:
+        """Cuts one document into chunks. Required.
+
+        The runner calls it once per document of the slice (the chunks are cached by the
+        chunker's settings and the documents' content), before anything is embedded.
+
+        Args:
+            doc: The document: `doc.id`, `doc.text`, `doc.source` (its group tag) and metadata.
+
+        Returns:
+            The document's chunks in reading order, numbered 0..n-1, each with
+            `chunk.text == doc.text[chunk.start:chunk.end]`: build them from character spans
+            with `spans_to_chunks(doc, spans)`, which trims whitespace by moving the offsets and
+            numbers them. A blank document gives no chunk.
+
+        Example:
+            One chunk per paragraph:
+
+                class Paragraphs(BaseChunker):
+                    def __init__(self, chunk_size: int = 1024):
+                        self.chunk_size = chunk_size
+
+                    def split(self, doc):
+                        starts = [0] + [m.end() for m in re.finditer(r"\\n\\s*\\n", doc.text)]
+                        ends = starts[1:] + [len(doc.text)]
+                        return spans_to_chunks(doc, zip(starts, ends))
+        """
+        ...
 
 
 class BaseChunker:
@@ -32,6 +62,32 @@ class BaseChunker:
     chunk_size: int
 
     def split(self, doc: Document) -> list[Chunk]:
+        """Cuts one document into chunks. Required.
+
+        The runner calls it once per document of the slice (the chunks are cached by the
+        chunker's settings and the documents' content), before anything is embedded.
+
+        Args:
+            doc: The document: `doc.id`, `doc.text`, `doc.source` (its group tag) and metadata.
+
+        Returns:
+            The document's chunks in reading order, numbered 0..n-1, each with
+            `chunk.text == doc.text[chunk.start:chunk.end]`: build them from character spans
+            with `spans_to_chunks(doc, spans)`, which trims whitespace by moving the offsets and
+            numbers them. A blank document gives no chunk.
+
+        Example:
+            One chunk per paragraph:
+
+                class Paragraphs(BaseChunker):
+                    def __init__(self, chunk_size: int = 1024):
+                        self.chunk_size = chunk_size
+
+                    def split(self, doc):
+                        starts = [0] + [m.end() for m in re.finditer(r"\\n\\s*\\n", doc.text)]
+                        ends = starts[1:] + [len(doc.text)]
+                        return spans_to_chunks(doc, zip(starts, ends))
+        """
         raise NotImplementedError
 
     def _validate(self) -> None:

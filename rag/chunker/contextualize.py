@@ -126,6 +126,6 @@ class LLMContextualizer:
                 self.stats["generated"] += 1
 
             generate_each(self.llm, [self.request(by_id[chunks[i].doc_id], chunks[i]) for i in todo], record)
-        out = [found[i] for i in range(len(keys))]
+        out = [found.get(i, "") for i in range(len(keys))]  # a reply that held no answer: no line, and not recorded
         self.stats["empty"] = sum(1 for line in out if not line)
         return out

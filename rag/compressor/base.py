@@ -1,6 +1,6 @@
 """Contextual compression: a stage between reranking and generation that cuts each question's
-contexts down to what bears on the question (the reference design's algorithm notes: an
-embedding filter at cosine 0.76, or an LLM extracting the relevant excerpts).
+contexts down to what bears on the question: an embedding filter (sentences within cosine 0.76
+of the question), or an LLM extracting the relevant excerpts.
 
 A compressor's `select` returns each question's contexts as it would shorten them; `compress`
 adds what every compressor shares: a question whose contexts would lose every sentence keeps its
@@ -24,8 +24,10 @@ CHARS_PER_TOKEN = 4
 
 @dataclass
 class Compressed:
-    contexts: list[list[Context]]
-    stats: dict[str, Any]
+    """What `Compressor.compress` returns."""
+
+    contexts: list[list[Context]]  # per question, the contexts the generator reads
+    stats: dict[str, Any]  # metrics.json `compression`: characters and tokens before and after, fallbacks
 
 
 class Compressor:
@@ -42,9 +44,47 @@ class Compressor:
         """Load the model, so that compressing is timed apart from loading."""
 
     def select(self, queries: list[str], contexts: list[list[Context]]) -> list[list[Context]]:
+        """Shortens each question's contexts to what bears on the question. Required.
+
+        The runner calls it through `compress`, after `warm_up`, for the answered questions,
+        between the context builder and the generator.
+
+        Args:
+            queries: The question texts.
+            contexts: Per question, its context passages in rank order.
+
+        Returns:
+            Per question, its contexts as this compressor shortens them: the same number of lists
+            as `contexts`; a context may be cut down, kept or dropped, and its `label` and
+            `chunk_rows` should be kept (`dataclasses.replace(context, text=...)`). A question
+            left with no text at all gets its contexts back whole from `compress`.
+
+        Example:
+            Keep each context's first sentence:
+
+                class FirstSentence(Compressor):
+                    name = "first_sentence"
+
+                    def select(self, queries, contexts):
+                        return [[replace(c, text=c.text.split(". ")[0]) for c in ctx] for ctx in contexts]
+        """
         raise NotImplementedError
 
     def compress(self, queries: list[str], contexts: list[list[Context]]) -> Compressed:
+        """What the runner calls: `select`, with what every compressor shares. Not to override.
+
+        Args:
+            queries: The question texts.
+            contexts: Per question, its context passages in rank order.
+
+        Returns:
+            `Compressed`: the contexts the generator reads (a question whose selection would be
+            empty keeps its contexts whole, counted as a fallback) and the run's `compression`
+            statistics (characters and estimated tokens before and after, fallbacks, seconds).
+
+        Raises:
+            ValueError: `select` returned another number of context lists than questions.
+        """
         t0 = time.perf_counter()
         chosen = self.select(queries, contexts)
         if len(chosen) != len(contexts):

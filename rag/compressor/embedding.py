@@ -1,5 +1,5 @@
 """`compressor=embedding`: each context keeps the sentences whose cosine similarity to the question
-reaches `threshold` (0.76, the reference design's embeddings filter), in the order they stand;
+reaches `threshold` (0.76 by default, a fixed value, not tuned), in the order they stand;
 a context left with none is dropped. One encode call for every sentence of every question."""
 from __future__ import annotations
 

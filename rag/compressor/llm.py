@@ -1,6 +1,6 @@
 """`compressor=llm`: a generator reads one context at a time with the question and writes out the
 parts of it that bear on the question, or a fixed "no excerpt" reply (LangChain's
-LLMChainExtractor, in the reference design's notes). Any generator extracts: the in-process
+LLMChainExtractor). Any generator extracts: the in-process
 SmolLM2, or a served model (`llm@compressor.llm=openai`); the prompt is the generator's own prompt
 settings (`compressor.llm.prompt`), so the same text reaches either engine. Each excerpt is
 recorded in the artifact cache (kind `excerpt`, keyed by the generator's id, the question and the
@@ -20,7 +20,7 @@ from typing import Any
 from rag.cache import make_key
 from rag.chunker import sentence_spans
 from rag.compressor.base import Compressor
-from rag.llm.base import Generator
+from rag.llm.base import Generator, withheld
 from rag.models import UsesCache, use_cache
 from rag.schema import Text, checked
 from rag.types import Context, RagError
@@ -66,6 +66,8 @@ class LLMCompressor(UsesCache, Compressor):
             return rec["excerpt"]
         answer = (self.llm.generate([query], [[context]]) or [""])[0] or ""
         self.usage["requests"] += 1
+        if withheld(self.llm) is not None:  # no excerpt: an empty one this run, asked again by the next
+            return answer
         try:
             self.cache.put_record(EXCERPTS, key, {"excerpt": answer})
         except OSError as e:

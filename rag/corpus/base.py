@@ -34,6 +34,32 @@ class Corpus:
         self.skipped: list[str] = []
 
     def load(self) -> list[Document]:
+        """Reads the corpus. Required.
+
+        The runner reads a corpus through the artifact cache (`iter_documents`, which calls this
+        unless a reader streams): on a later run with the same `fingerprint` (class,
+        `format_version`, `settings()`, `inputs()`) the cached documents are used and nothing is
+        read. Documents it leaves out go to `self.skipped`, with why.
+
+        Returns:
+            The documents, each with a unique `id`, its `text` and its group tag (`source`);
+            `meta` is kept as it is.
+
+        Raises:
+            RagError: An input file is missing or unreadable, in one line naming it.
+
+        Example:
+            A corpus of one folder's text files:
+
+                class Folder(Corpus):
+                    def __init__(self, path: str):
+                        super().__init__()
+                        self.path = path
+
+                    def load(self):
+                        return [Document(id=p.stem, text=p.read_text(), source="notes")
+                                for p in sorted(Path(self.path).glob("*.txt"))]
+        """
         raise NotImplementedError
 
     def iter_documents(self) -> Iterator[Document]:
@@ -48,6 +74,11 @@ class Corpus:
     def inputs(self) -> Any:
         """Fingerprint of the input files (paths, sizes, mtimes)."""
         return None
+
+    def title(self) -> str:
+        """What a person calls this corpus in a sentence ("PubMedQA", "libc", "docs.jsonl"): the
+        reports name the corpora a fitted part learnt from by it (rag/fitted.py)."""
+        return type(self).__name__.removesuffix("Corpus")
 
     def fingerprint(self) -> dict[str, Any]:
         return {

@@ -16,7 +16,7 @@ from typing import Any
 
 from rag.corpus.base import Corpus, as_path, file_fingerprint, jsonl_records, read_text, text_field
 from rag.schema import FilePath, checked
-from rag.types import Document, QAItem, RagError, Relevance
+from rag.types import Document, QAItem, RagError, Relevance, check_grade
 
 
 class BeirCorpus(Corpus):
@@ -39,6 +39,9 @@ class BeirCorpus(Corpus):
 
     def inputs(self) -> Any:
         return file_fingerprint(self.file)
+
+    def title(self) -> str:
+        return self.path.name
 
     def load(self) -> list[Document]:
         return list(self.iter_documents())
@@ -79,6 +82,7 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
             raise RagError(f"{path}:{lineno}: score must be an integer, got {score!r}") from None
         if grade < 0:
             raise RagError(f"{path}:{lineno}: score must be 0 or more, got {grade}")
+        check_grade(grade, f"{path}:{lineno}: score")
         if not qid or not doc_id:
             raise RagError(f"{path}:{lineno}: empty query-id or corpus-id")
         out.setdefault(qid, {})[doc_id] = grade

@@ -52,6 +52,9 @@ class JsonlCorpus(Corpus):
     def inputs(self) -> Any:
         return file_fingerprint(self.path)
 
+    def title(self) -> str:
+        return self.path.name
+
     def load(self) -> list[Document]:
         return list(self.iter_documents())
 

@@ -213,6 +213,9 @@ class LibcManCorpus(Corpus):
     def inputs(self) -> Any:
         return listing_fingerprint(self._candidates(), root=self.man_dir)
 
+    def title(self) -> str:
+        return "libc"
+
     def _candidates(self) -> list[Path]:
         """All files (links included) of the wanted sections, in a stable order."""
         if not self.man_dir.is_dir():

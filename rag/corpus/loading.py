@@ -48,3 +48,12 @@ def load_corpus(corpus: Corpus, cache: ArtifactCache) -> tuple[Sequence[Document
     loaded: Sequence[Document] = DocumentStore(art.path) if old is None else old
     log.info("corpus %s: %d documents (%s)", type(corpus).__name__, len(loaded), "cached" if art.hit else "built")
     return loaded, list(art.manifest.get("skipped", []))
+
+
+def load_parts(corpus: Corpus, cache: ArtifactCache) -> list[tuple[Corpus, Sequence[Document]]]:
+    """Each corpus that reads inputs of its own (a mixed corpus's parts, in order, or the corpus
+    itself) with its documents as `load_corpus` reads them: what a fitted part records it learnt
+    from, part by part (rag/fitted.py)."""
+    if not corpus.parts:
+        return [(corpus, load_corpus(corpus, cache)[0])]
+    return [leaf for part in corpus.parts for leaf in load_parts(part, cache)]

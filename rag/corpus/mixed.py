@@ -41,6 +41,9 @@ class MixedCorpus(Corpus):
     def fingerprint(self) -> dict[str, Any]:
         return {"class": type(self).__name__, "parts": [part_fingerprint(p) for p in self.parts]}
 
+    def title(self) -> str:
+        return " + ".join(p.title() for p in self.parts)
+
     def load(self) -> list[Document]:
         docs = concatenate_parts(self.parts, "MixedCorpus", "document")
         self.skipped = [s for part in self.parts for s in part.skipped]

@@ -13,11 +13,13 @@ whether a method exists:
 - `vectors_by_id`: it encodes nothing; `write_vectors` copies vectors made elsewhere by chunk id
   (`embedder=precomputed`);
 - `endpoint`: the server it calls (`embedder=openai`), with `counter` (the tokenizer that counts
-  what is sent, when set) and `usage` (what it sent); None for an embedder in this process.
+  what is sent, when set) and `usage` (what it sent); None for an embedder in this process;
+- `backend_note`: which backend computes its vectors and why (metrics.json `backends`), for an
+  embedder that has a choice of backends (rag/embedder/backend_choice.py); None otherwise.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,15 @@ class Embedder:
 
     @property
     def id(self) -> dict[str, Any]:
+        """Everything that determines the vectors. Required.
+
+        The runner keys the cached chunk vectors by it (with the chunks' key): two embedders
+        with equal ids must give the same vectors, and a change that moves them must change it.
+
+        Returns:
+            A JSON-able mapping, e.g. `{"model": "all-MiniLM-L6-v2", "normalize": True,
+            "max_seq_length": 256}`.
+        """
         raise NotImplementedError
 
     @property
@@ -62,11 +73,26 @@ class Embedder:
 
     @property
     def dim(self) -> int:
+        """The length of each vector. Required.
+
+        Returns:
+            The number of float32 values per vector (384 for all-MiniLM-L6-v2); the index is built
+            for it before anything is encoded.
+        """
         raise NotImplementedError
 
     @property
     def writes_rows(self) -> bool:
         return False
+
+    @property
+    def backend_note(self) -> dict[str, Any] | None:
+        return None
+
+    def prefer_cached(self, available: Callable[[dict[str, Any]], bool]) -> None:
+        """Optional: called before the vectors' key is taken, with whether the vectors of an id are
+        already made (in the cache or its seed): an embedder whose backend is still to be chosen
+        by measurement may settle on one whose vectors are there (`backend: auto`)."""
 
     def use_cache(self, cache: ArtifactCache) -> None:
         """Optional: the session's artifact cache, for an embedder that builds a model artifact."""
@@ -75,6 +101,30 @@ class Embedder:
         """Optional: load the model (or check the server) outside the timed stages."""
 
     def encode(self, texts: list[str], show_progress: bool | None = None) -> np.ndarray:
+        """Embeds passages: chunks, and the texts the evaluation compares. Required.
+
+        The runner calls it after `use_cache` and `warm_up`, with at most a block of texts at a
+        time for the chunk vectors (`encode_blocks`) and with any number elsewhere; questions go
+        through `encode_queries`, which adds `query_prefix` and calls this.
+
+        Args:
+            texts: The texts, in order (an empty text still gets its row).
+            show_progress: Whether to draw a progress bar (None: the embedder's own setting).
+
+        Returns:
+            A float32 array of shape `[len(texts), dim]`, row i the vector of `texts[i]`; rows of
+            unit length where the embedder normalises (cosine = inner product).
+
+        Example:
+            A (useless) embedder of text lengths:
+
+                class Lengths(Embedder):
+                    id = {"class": "Lengths"}
+                    dim = 1
+
+                    def encode(self, texts, show_progress=None):
+                        return np.array([[len(t)] for t in texts], np.float32)
+        """
         raise NotImplementedError
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
@@ -89,5 +139,16 @@ class Embedder:
             yield np.arange(start, start + len(vecs)), vecs
 
     def write_vectors(self, id_batches: Iterable[list[str]], out: np.ndarray) -> dict[str, Any]:
-        """Where `vectors_by_id`: fills `out` with the vectors of the chunk ids, batch by batch."""
+        """Copies vectors made elsewhere into `out` by chunk id. Required where `vectors_by_id`.
+
+        The runner calls it instead of `encode_blocks` for an embedder that `vectors_by_id`
+        (`embedder=precomputed`), to fill the chunk set's vector file.
+
+        Args:
+            id_batches: The chunk ids, batch after batch, in the rows' order.
+            out: The float32 `[n_chunks, dim]` array to fill (the cache's memory-mapped file).
+
+        Returns:
+            What it did, for metrics.json: at least `{"n": chunks, "dim": dim}`.
+        """
         raise NotImplementedError

@@ -1,16 +1,22 @@
 """The chunk vectors' .npy, written block by block by `encode_to_npy` and resumable after a kill
-(`BlockLog` records the finished blocks): the vectors artifact's builder (rag.artifacts)."""
+(`BlockLog` records the finished blocks): the vectors artifact's builder (rag.artifacts).
+
+Every embedder's vectors pass through here, so what is stored is checked here, after the float32
+cast: a row that is all zeros (values such as 1e-200 underflow to 0.0) or holds NaN or an infinity
+can be found by no search, yet ranks as if it could (`refuse_unusable`)."""
 from __future__ import annotations
 
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from rag.atomic import atomic_write_text
 from rag.embedder.base import Embedder, RowSink
+from rag.types import RagError
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +64,17 @@ def encode_to_npy(embedder: Embedder, texts: list[str], path: Path,
     else:
         pairs = embedder.encode_blocks(todo_texts, ENCODE_BLOCK)
     written_elsewhere = False
+    def text_of(u: int) -> str:  # a unique text as its first row among `texts`
+        return f"text {int(np.flatnonzero(inverse == u)[0])} ({shown_text(uniq_texts[u])})"
+
     for rows, vecs in pairs:
         where = todo[rows]
         if vecs is None:
             written_elsewhere = True  # by the embedder's workers, into the file
         else:
-            out_u[where] = vecs
+            with np.errstate(over="ignore"):  # a value beyond float32 becomes inf: refused just below
+                out_u[where] = vecs
+            refuse_unusable(embedder, out_u[where], where, text_of)  # as stored, before it counts as done
         blocks.filled(where, out_u)
     out_u.flush()
     if written_elsewhere:
@@ -71,6 +82,9 @@ def encode_to_npy(embedder: Embedder, texts: list[str], path: Path,
         # filesystem revalidates what it cached when the file is opened again).
         del out_u
         out_u = np.lib.format.open_memmap(uniq_path, mode="r")
+        for i in range(0, len(todo), ENCODE_BLOCK):
+            rows_done = todo[i:i + ENCODE_BLOCK]
+            refuse_unusable(embedder, out_u[rows_done], rows_done, text_of)
     if not all_unique:
         out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(texts), dim))
         for i in range(0, len(texts), ENCODE_BLOCK):
@@ -85,6 +99,41 @@ def encode_to_npy(embedder: Embedder, texts: list[str], path: Path,
             os.replace(uniq_path, path)
     return {"n": len(texts), "unique": len(uniq_texts), "dim": dim, "embedder": json.loads(json.dumps(embedder.id)),
             "resumed_blocks": blocks.restored}
+
+
+def unusable_row(vecs: np.ndarray) -> tuple[int, str] | None:
+    """The first row of `vecs` that no search can use, with what is wrong with it; None when every
+    row is usable. A zero vector has no direction (no cosine, and an L2 index ranks it by the
+    query's norm alone); NaN or an infinity poisons every distance it enters."""
+    vecs = np.asarray(vecs)
+    if vecs.ndim != 2 or not len(vecs):
+        return None
+    bad = ~np.isfinite(vecs).all(axis=1)
+    zero = ~vecs.any(axis=1)
+    either = np.flatnonzero(bad | zero)
+    if not len(either):
+        return None
+    row = int(either[0])
+    if bad[row]:
+        return row, "holds NaN or an infinite value"
+    return row, "is all zeros (a zero vector has no direction, so no cosine)"
+
+
+def refuse_unusable(embedder: Embedder, stored: np.ndarray, rows: np.ndarray, text_of: Callable[[int], str]) -> None:
+    """A RagError naming the embedder and the text when a row of `stored` (the float32 vectors of
+    the rows `rows`, as written) is unusable; `text_of(row)` says which text the row is."""
+    found = unusable_row(stored)
+    if found is None:
+        return
+    row, problem = found
+    name = embedder.model_name or type(embedder).__name__
+    raise RagError(f"embedder {name}: the vector of {text_of(int(rows[row]))} {problem} as stored in float32; "
+                   "the embedder's output is refused and no vectors are cached")
+
+
+def shown_text(text: str, limit: int = 60) -> str:
+    """A text cut short and quoted for one line: its control characters escaped (repr)."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 class BlockLog:

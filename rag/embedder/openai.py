@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rag.embedder.base import Embedder, RowSink
+from rag.embedder.npy_writer import shown_text, unusable_row
 from rag.concurrent import map_concurrent
 from rag.endpoint import Endpoint, EndpointError, EndpointSettings
 from rag.models import TokenCounter
@@ -121,10 +122,19 @@ class OpenAIEmbedder(Embedder):
             else:
                 u["prompt_tokens"] += tokens
             self._settle_dim(vecs.shape[1])
+        raw = vecs
         if self.normalize:
             norms = np.linalg.norm(vecs, axis=1, keepdims=True)
             vecs = vecs / np.where(norms > 0, norms, 1.0)
-        return np.ascontiguousarray(vecs, dtype=np.float32)
+        stored = np.ascontiguousarray(vecs, dtype=np.float32)
+        found = unusable_row(stored)  # what is kept: values near 1e-200 pass the reply's checks, then become 0.0
+        if found is not None:
+            row, problem = found
+            peak = float(np.abs(raw[row]).max())
+            why = f" (its largest value, {peak:.3g}, is too small for float32)" if peak > 0 else ""
+            raise self.endpoint.bad_reply("/embeddings", f"the vector of text {row} of the request "
+                                          f"({shown_text(texts[row])}) {problem} once stored as float32{why}")
+        return stored
 
     def _settle_dim(self, dim: int) -> None:
         if self.dimensions is not None and dim != self.dimensions:

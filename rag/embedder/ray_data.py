@@ -208,7 +208,7 @@ class RayEngine(Engine):
         """What each actor builds: the plain embedder with the same settings (and artifact cache)."""
         # Ray gives a GPU actor its own device as cuda:0 (CUDA_VISIBLE_DEVICES).
         settings = embedder.settings(device="cuda" if on_gpu else "cpu", show_progress=False)
-        cache_root = str(embedder.cache.root) if embedder.backend == "onnx" else None
+        cache_root = str(embedder.cache.root) if settings["backend"] == "onnx" else None
         return {"settings": settings, "threads": threads, "cache_root": cache_root}
 
     @staticmethod

@@ -6,7 +6,11 @@ all three); the last one is how the default runs on machines without a model hub
 
 `backend: onnx` runs the same model with ONNX Runtime instead of torch (`quantize: int8` adds
 dynamic int8 quantization of its matrix multiplications), exported once into the artifact cache
-that `use_cache` gives (rag/embedder/onnx.py).
+that `use_cache` gives (rag/embedder/onnx.py); `precision: bf16` runs torch under bf16 autocast.
+`backend: auto` (with `precision: auto`, or `fp32` for fp32's own vectors) is chosen on first use
+by measuring the candidates on this machine (rag/embedder/backend_choice.py, probe.py), once per
+machine, model and library versions: the probe is kept in the model cache (kind `embedder_probe`).
+`id` is always the backend actually used, so vectors of one backend are never read as another's.
 
 `engine` runs the bulk embedding stage (`encode_blocks`) elsewhere: null encodes in this process;
 `rag.embedder.ray_data.RayEngine` on a Ray cluster (`embedder=minilm_ray`). The engine is not part
@@ -14,23 +18,49 @@ of `id`: the vectors are the same either way.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
 
+from rag.cache import make_key
+from rag.embedder import probe
+from rag.embedder.backend_choice import (
+    ONNX_FP32,
+    ONNX_INT8,
+    REFERENCE,
+    TORCH_BF16,
+    Candidate,
+    Choice,
+    Measured,
+    choose,
+    cpu_flags,
+    explain,
+    machine_candidates,
+    machine_facts,
+    native_bf16,
+    onnx_available,
+)
 from rag.embedder.base import Embedder, RowSink
 from rag.embedder.onnx import SAME_VECTORS_COSINE, embedding_dim, export_onnx_model, load_onnx_encoder
-from rag.models import UsesCache, resolve_model
+from rag.models import UsesCache, model_fingerprint, resolve_model
 from rag.schema import Device, PositiveInt, Text, checked
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("torch", "onnx")
+BACKENDS = ("torch", "onnx", "auto")
+PRECISIONS = ("fp32", "bf16", "auto")
 QUANTIZATIONS = (None, "int8")
+PROBE_KIND = "embedder_probe"  # one probe's measurements, in the model cache (rag/embedder/probe.py)
+PROBE_FILE = "probe.json"
+PROBE_VERSION = 1  # bump when the probe measures differently
 
 
 def resolve_model_path(model: str) -> str:
@@ -83,11 +113,25 @@ class Engine:
         raise NotImplementedError
 
 
+def pinned_candidate(backend: str, precision: str, quantize: str | None) -> Candidate | None:
+    """The one backend these settings allow, or None when several are measured (`auto`)."""
+    if quantize == "int8":
+        return ONNX_INT8
+    if backend == "onnx":
+        return ONNX_FP32
+    if precision == "bf16":
+        return TORCH_BF16
+    if backend == "torch" and precision == "fp32":
+        return REFERENCE
+    return None
+
+
 class SentenceTransformerEmbedder(UsesCache, Embedder):
     """`encode(texts) -> float32 [n, dim]`, batched, L2-normalized by default.
 
     `use_cache(cache)` (rag.models.UsesCache) gives the artifact cache that `backend: onnx`
-    exports the model into; without it, $RAGRIG_CACHE or outputs/cache."""
+    exports the model into and `backend: auto` keeps its probe in; without it, $RAGRIG_CACHE or
+    outputs/cache."""
 
     @checked("embedder")
     def __init__(
@@ -100,6 +144,7 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         query_prefix: Text = "",
         show_progress: bool = True,
         backend: str = "torch",
+        precision: str = "fp32",
         quantize: str | None = None,
         engine: Engine | None = None,
     ):
@@ -112,65 +157,251 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         self.query_prefix = query_prefix
         self.show_progress = show_progress
         self.backend = backend
+        self.precision = precision
         self.quantize = quantize
         self.engine = engine  # where encode_blocks runs: None (here) or e.g. rag.embedder.ray_data.RayEngine
         if backend not in BACKENDS:
             raise RagError(f"embedder.backend must be one of {BACKENDS}, got {backend!r}")
+        if precision not in PRECISIONS:
+            raise RagError(f"embedder.precision must be one of {PRECISIONS}, got {precision!r}")
         if quantize not in QUANTIZATIONS:
             raise RagError(f"embedder.quantize must be null or 'int8', got {quantize!r}")
         if quantize is not None and backend != "onnx":
             raise RagError(f"embedder.quantize={quantize} needs embedder.backend=onnx (got backend={backend})")
+        if quantize is not None and precision != "fp32":
+            raise RagError(f"embedder.quantize={quantize} quantizes the fp32 export: embedder.precision must be fp32 "
+                           f"(got {precision})")
+        if backend == "onnx" and precision == "bf16":
+            raise RagError("embedder.precision=bf16 runs on torch: embedder.backend must be torch or auto (got onnx)")
+        self.pinned = pinned_candidate(backend, precision, quantize)
+        self._choice: Choice | None = None
+
+    # -- the backend -----------------------------------------------------------------------------
+
+    @property
+    def choice(self) -> Choice:
+        """The backend this embedder runs and why: the pinned one, or (`auto`) the probe's pick,
+        measured on first use or read from the model cache."""
+        if self._choice is None:
+            self._choice = self._choose()
+        return self._choice
+
+    @property
+    def candidate(self) -> Candidate:
+        return self.choice.candidate
+
+    @property
+    def backend_note(self) -> dict[str, Any]:
+        return self.choice.to_json()
+
+    @property
+    def exact(self) -> bool:
+        """Whether only fp32's own vectors will do (`precision: fp32`): the evaluation's yardstick."""
+        return self.precision == "fp32"
+
+    def allowed(self, flags: frozenset[str]) -> list[Candidate]:
+        """The candidates of this machine that the settings allow, torch fp32 first."""
+        return [c for c in machine_candidates(flags, onnx_available())
+                if self.backend in ("auto", c.backend) and self.precision in ("auto", c.precision)]
+
+    def _choose(self) -> Choice:
+        if self.pinned is not None:
+            pins = f"quantize={self.quantize}" if self.quantize else f"precision={self.precision}"
+            return Choice(self.pinned, f" (pinned: backend={self.backend}, {pins})")
+        if self.device != "cpu":
+            return Choice(REFERENCE, f" (device {self.device}: backend=auto measures CPU backends only)")
+        flags = cpu_flags()
+        allowed = self.allowed(flags)
+        if allowed == [REFERENCE]:
+            missing = [what for what, lacking, wanted in (
+                ("no native bf16", native_bf16(flags) is None, self.precision == "auto"),
+                ("no onnxruntime", not onnx_available(), self.backend == "auto")) if lacking and wanted]
+            return Choice(REFERENCE, f": the only candidate here ({', '.join(missing)})")
+        try:
+            texts = probe.probe_texts()
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("embedder: backend=auto cannot read its probe texts %s (%s); running torch fp32",
+                        probe.probe_file(), e)
+            return Choice(REFERENCE, f": no probe (its texts {probe.probe_file()} are unreadable)")
+        record = self._probe_record(flags, texts)
+        return self._from_record(record, allowed)
+
+    def _from_record(self, record: dict[str, Any], allowed: list[Candidate]) -> Choice:
+        measured = [m for name, d in record["candidates"].items()
+                    for m in [Measured.from_json(name, d)] if m.candidate in allowed]
+        best = choose(measured, exact=self.exact)
+        why = explain(best, measured, self.exact, record["machine"].get("bf16"), record["date"])
+        return Choice(best.candidate, why, {**{k: record[k] for k in ("date", "texts", "seconds")},
+                                            "candidates": {m.candidate.name: m.to_json() for m in measured}})
+
+    def _probe_params(self, flags: frozenset[str], texts: tuple[list[str], list[str]]) -> dict[str, Any]:
+        """What a probe's result depends on (its key in the model cache)."""
+        import torch
+
+        path = resolve_model(self.model_name, "embedder").path
+        return {"probe": PROBE_VERSION, "model": self.model_name, "files": model_fingerprint(path),
+                "normalize": self.normalize, "max_seq_length": self.max_seq_length, "batch_size": self.batch_size,
+                "candidates": [c.name for c in machine_candidates(flags, onnx_available())],
+                "texts": {"passages": len(texts[0]), "questions": len(texts[1])},
+                "machine": machine_facts(flags, torch.get_num_threads())}
+
+    def _probe_record(self, flags: frozenset[str], texts: tuple[list[str], list[str]]) -> dict[str, Any]:
+        """The probe of every candidate of this machine (the roles that allow fewer choose among
+        them), measured once per machine, model and library versions; parallel jobs wait for one."""
+        params = self._probe_params(flags, texts)
+
+        def build(tmp: Any) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            measured = self.measure_backends(machine_candidates(flags, onnx_available()), *texts)
+            record = {"date": time.strftime("%Y-%m-%d"), "machine": params["machine"], "texts": params["texts"],
+                      "seconds": round(time.perf_counter() - t0, 1),
+                      "candidates": {m.candidate.name: m.to_json() for m in measured}}
+            (tmp / PROBE_FILE).write_text(json.dumps(record, indent=2))
+            return {}
+
+        art = self.cache.get_or_build(PROBE_KIND, make_key(PROBE_KIND, params), build, inputs=params)
+        return dict(json.loads(art.file(PROBE_FILE).read_text()))
+
+    def recorded_choice(self) -> Choice | None:
+        """The probe's pick when this machine's probe is already in the model cache (nothing is
+        measured or loaded), else None."""
+        if self.pinned is not None or self.device != "cpu":
+            return None
+        flags = cpu_flags()
+        try:
+            params = self._probe_params(flags, probe.probe_texts())
+        except (OSError, ValueError, KeyError):
+            return None
+        art = self.cache.lookup(PROBE_KIND, make_key(PROBE_KIND, params))
+        if art is None:
+            return None
+        return self._from_record(json.loads(art.file(PROBE_FILE).read_text()), self.allowed(flags))
+
+    def measure_backends(self, candidates: list[Candidate], passages: list[str], questions: list[str],
+                         **kw: Any) -> list[Measured]:
+        """rag.embedder.probe.measure over pinned copies of this embedder, one per candidate; a
+        candidate that cannot be loaded here (an ONNX export that fails its check) is left out."""
+        log.info("embedder: measuring %s for backend=auto on this machine (once per machine, model and library "
+                 "versions; %d passages, %d questions)", ", ".join(c.name for c in candidates), len(passages),
+                 len(questions))
+        encoders: dict[Candidate, Callable[[list[str]], np.ndarray]] = {}
+        for c in candidates:
+            copy = self.pinned_copy(c)
+            try:
+                copy.warm_up()
+            except RagError as e:
+                log.warning("embedder: %s is no candidate here: %s", c.name, e)
+                continue
+            encoders[c] = functools.partial(copy.encode, show_progress=False)
+        measured = probe.measure(encoders, passages, questions, **kw)
+        ref = next(m for m in measured if m.candidate == REFERENCE)
+        log.info("embedder: probe: %s", "; ".join(
+            f"{m.candidate.name} {m.rate:.1f} texts/s ({m.rate / ref.rate:.2f}x), min cosine {m.min_cosine:.6f}, "
+            f"top-10 overlap {m.overlap:.3f}" for m in measured))
+        return measured
+
+    def pinned_copy(self, candidate: Candidate) -> SentenceTransformerEmbedder:
+        """This embedder with `candidate` pinned (no engine, no progress bars), on the same cache."""
+        copy = SentenceTransformerEmbedder(**{**self._plain_settings(), **_pinned_settings(candidate),
+                                              "show_progress": False})
+        copy.use_cache(self.cache)
+        return copy
+
+    def prefer_cached(self, available: Callable[[dict[str, Any]], bool]) -> None:
+        """Before its backend is chosen (`auto`), take one whose vectors `available` says are
+        already made, so that none are encoded anew: the probe's recorded pick first, then fp32's
+        own (torch fp32, ONNX fp32: the default's vectors before `auto`, and the demo's seed).
+        Vectors of another precision are never taken: bf16 ones only as the probe's own pick."""
+        if self._choice is not None or self.pinned is not None or self.device != "cpu":
+            return
+        order = []
+        recorded = self.recorded_choice()
+        if recorded is not None:
+            order.append(recorded)
+        allowed = self.allowed(cpu_flags())
+        for c in (REFERENCE, ONNX_FP32):
+            if c in allowed and all(o.candidate != c for o in order):
+                order.append(Choice(c, ": its vectors of these texts were already in the cache (fp32's own vectors; "
+                                       "nothing measured)"))
+        for choice in order:
+            if available(self.id_for(choice.candidate)):
+                self._choice = choice
+                return
+
+    # -- settings and identity -------------------------------------------------------------------
+
+    def _plain_settings(self) -> dict[str, Any]:
+        return {"model": self.model_name, "batch_size": self.batch_size, "normalize": self.normalize,
+                "device": self.device, "max_seq_length": self.max_seq_length, "query_prefix": self.query_prefix,
+                "show_progress": self.show_progress}
 
     def settings(self, **changes: Any) -> dict[str, Any]:
         """The constructor arguments of a plain (engine-less) copy of this embedder, with `changes`:
-        what an engine's workers build."""
-        return {"model": self.model_name, "batch_size": self.batch_size, "normalize": self.normalize,
-                "device": self.device, "max_seq_length": self.max_seq_length, "query_prefix": self.query_prefix,
-                "show_progress": self.show_progress, "backend": self.backend, "quantize": self.quantize, **changes}
+        what an engine's workers build. The backend is the one chosen (`auto` resolved), so that
+        the workers compute the vectors this embedder's id names."""
+        return {**self._plain_settings(), **_pinned_settings(self.candidate), **changes}
 
     @property
     def last_run(self) -> dict[str, Any]:
         """What the engine's last encode_blocks did (engine, workers, timings); {} without an engine."""
         return self.engine.last_run if self.engine is not None else {}
 
-    @property
-    def id(self) -> dict[str, Any]:
-        """Everything that determines the vectors (the cache key of an embedding artifact). The
-        torch backend keeps the original three fields, so existing caches stay valid."""
+    def id_for(self, candidate: Candidate) -> dict[str, Any]:
+        """The vectors' id under `candidate`. torch fp32 keeps the original three fields and ONNX
+        its two more, so caches (and the demo's seed) from before other backends stay valid."""
         ident: dict[str, Any] = {
             "model": self.model_name,
             "normalize": self.normalize,
             "max_seq_length": self.max_seq_length,
         }
-        if self.backend != "torch":
-            ident["backend"] = self.backend
-            ident["quantize"] = self.quantize
+        if candidate.backend == "onnx":
+            ident["backend"] = "onnx"
+            ident["quantize"] = "int8" if candidate.precision == "int8" else None
+        elif candidate != REFERENCE:
+            ident["backend"] = candidate.backend
+            ident["precision"] = candidate.precision
         return ident
+
+    @property
+    def id(self) -> dict[str, Any]:
+        """Everything that determines the vectors (the cache key of an embedding artifact),
+        including the backend actually used (for `auto`, computing it chooses the backend)."""
+        return self.id_for(self.candidate)
 
     @property
     def reference_id(self) -> dict[str, Any]:
         """The id of the torch computation whose vectors this embedder reproduces within 1e-6
-        cosine (its own id when it does not: int8, or an export that failed the tight check).
+        cosine (its own id when it does not: bf16, int8, or an export that failed the tight check).
         The evaluation reuses cached chunk vectors across embedders with the same reference id:
         the fp32 ONNX export of the evaluation model gives its vectors, not approximations."""
-        base = {"model": self.model_name, "normalize": self.normalize, "max_seq_length": self.max_seq_length}
-        if self.backend == "torch":
+        base = self.id_for(REFERENCE)
+        if self.candidate == REFERENCE:
             return base
-        if self.quantize is None and self.model.check_min_cosine >= 1.0 - SAME_VECTORS_COSINE:
+        if self.candidate == ONNX_FP32 and self.model.check_min_cosine >= 1.0 - SAME_VECTORS_COSINE:
             return base
         return self.id
 
     @functools.cached_property
     def model(self) -> Any:
         path = resolve_model(self.model_name, "embedder").path
-        if self.backend == "onnx":
-            model_dir = export_onnx_model(self.model_name, path, self.quantize, self.cache)
+        candidate = self.candidate
+        if candidate.backend == "onnx":
+            quantize = "int8" if candidate == ONNX_INT8 else None
+            model_dir = export_onnx_model(self.model_name, path, quantize, self.cache)
             m = load_onnx_encoder(str(model_dir), self.device)
         else:
             m = load_sentence_transformer(path, self.device)
         if self.max_seq_length:
             m.max_seq_length = int(self.max_seq_length)
         return m
+
+    def _precision(self) -> AbstractContextManager[Any]:
+        """bf16 autocast: the matrix multiplications in bf16, layer norms and pooling in fp32."""
+        if self.candidate != TORCH_BF16:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.autocast(device_type=self.device.split(":")[0], dtype=torch.bfloat16)
 
     @property
     def dim(self) -> int:
@@ -190,13 +421,14 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         batch_size = self.batch_size
         while True:
             try:
-                vecs = self.model.encode(
-                    list(texts),
-                    batch_size=batch_size,
-                    normalize_embeddings=self.normalize,
-                    show_progress_bar=progress,
-                    convert_to_numpy=True,
-                )
+                with self._precision():
+                    vecs = self.model.encode(
+                        list(texts),
+                        batch_size=batch_size,
+                        normalize_embeddings=self.normalize,
+                        show_progress_bar=progress,
+                        convert_to_numpy=True,
+                    )
                 return np.ascontiguousarray(vecs, dtype=np.float32)
             except (MemoryError, RuntimeError) as e:
                 if not is_out_of_memory(e):
@@ -256,3 +488,10 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         return np.fromiter((len(ids) for ids in enc["input_ids"]), dtype=np.int64, count=len(texts))
 
 
+
+
+def _pinned_settings(candidate: Candidate) -> dict[str, Any]:
+    """The backend, precision and quantize settings that pin `candidate`."""
+    if candidate == ONNX_INT8:
+        return {"backend": "onnx", "precision": "fp32", "quantize": "int8"}
+    return {"backend": candidate.backend, "precision": candidate.precision, "quantize": None}

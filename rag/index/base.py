@@ -29,7 +29,7 @@ faiss: Any = faiss_module
 INDEX_FILE = "index.faiss"
 # Below this many queries a search runs on one OpenMP thread. FAISS's thread pool costs more to
 # wake and join than a single query's scan saves: on 2 cores, a flat 100k single query took 24-32
-# ms on two threads vs 6-7 ms on one, and 99 vs 79 ms at 1M (docs/bench.md). Retrieval asks one
+# ms on two threads vs 6-7 ms on one, and 99 vs 79 ms at 1M (docs/reference/bench.md). Retrieval asks one
 # question at a time (rag.query.retrieve_rerank), so this is the latency every run reports.
 FEW_QUERIES = 8
 # FAISS trains on one in-memory array, so training reads a sample of at most this many bytes
@@ -69,6 +69,28 @@ class VectorIndex:
         return {"type": type(self).__name__, "metric": self.metric}
 
     def _new(self, dim: int, n: int) -> Any:
+        """Creates the empty FAISS index. Required.
+
+        The runner calls it from `build` (the index is then trained where it needs training on a
+        seeded sample of the vectors, filled in batches and cached by `params`).
+
+        Args:
+            dim: The vectors' dimension.
+            n: How many vectors will be added (to size cells or codes).
+
+        Returns:
+            A FAISS index over `metric` ("l2" or "ip"): `faiss.IndexFlatL2(dim)`, an HNSW or IVF
+            index, ... Tuning parameters that change the built structure belong in `params`.
+
+        Example:
+            Exact inner-product search:
+
+                class FlatIP(VectorIndex):
+                    metric = "ip"
+
+                    def _new(self, dim, n):
+                        return faiss.IndexFlatIP(dim)
+        """
         raise NotImplementedError
 
     def _search_params(self, selector: Any) -> Any:

@@ -7,7 +7,7 @@ embeds nothing), one record per chunk with its row as id and metadata, in Chroma
 vectors' key and the chromadb version: a directory written by another chromadb version is never
 opened by this one (a new entry is built, and `load` refuses a mismatched directory in one line).
 A source filter is Chroma's metadata filter on the allowed rows. How close its approximate search
-comes to exact FAISS search: benchmarks/faiss_indexes.py (recall@10), docs/techniques.md.
+comes to exact FAISS search: benchmarks/faiss_indexes.py (recall@10), docs/explanation/techniques.md.
 
 chromadb is an optional extra (`pip install -e ".[chroma]"`; `make test-chroma`).
 """

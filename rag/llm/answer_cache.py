@@ -44,7 +44,9 @@ def generate_resumable(
     """Per question a record (`answer`, `latency_ms`, `usage`, ...) from the cache or the
     generator, and counts: `requests` answered by the generator in this run, `resumed` taken
     from earlier runs. Every answer is recorded before the next is awaited; if the generator
-    fails, the ones already recorded stay for the rerun."""
+    fails, the ones already recorded stay for the rerun. A reply that holds no answer (its record
+    says why: `withheld`) is used by this run as the empty answer but never recorded, so that a
+    rerun asks for it again."""
     keys = answer_keys(generator.id, queries, contexts)
     records: list[dict[str, Any] | None] = [cache.get_record(RECORD_KIND, k) for k in keys]
     missing = [i for i, r in enumerate(records) if r is None]
@@ -52,7 +54,7 @@ def generate_resumable(
     if resumed and missing:
         log.info("llm: %d of %d answers recorded by an earlier run; asking for the other %d",
                  resumed, len(queries), len(missing))
-    sent = 0
+    sent = withheld = 0
     if missing:
         with timer.stage("load_models"):
             generator.warm_up()
@@ -60,11 +62,14 @@ def generate_resumable(
             try:
                 for j, rec in generator.iter_generate([queries[i] for i in missing], [contexts[i] for i in missing]):
                     i = missing[j]
-                    cache.put_record(RECORD_KIND, keys[i], rec)
+                    if rec.get("withheld"):
+                        withheld += 1
+                    else:
+                        cache.put_record(RECORD_KIND, keys[i], rec)
                     records[i] = {**rec, "key": keys[i]}
                     sent += 1
             except RagError as e:
-                kept = resumed + sent
+                kept = resumed + sent - withheld
                 if not kept:
                     raise
                 # the one line says what is not lost, so that the user reruns instead of starting over

@@ -119,6 +119,19 @@ def hits_stop(tok: Any, answer: Answer, rules: DecodingRules) -> bool:
     return any(s in tail for s in rules.stop)
 
 
+def cache_argument(lm: Any) -> str:
+    """The name a model's forward takes its KV cache by: `cache` from transformers 5 on, which
+    warns (FutureWarning, in the middle of a run's output) for the older `past_key_values` that
+    transformers 4 takes."""
+    import inspect
+
+    try:
+        params = inspect.signature(lm.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def greedy_batch(lm: Any, tok: Any, rows: list[list[int]], rules: DecodingRules, eos: set[int],
                  temperature: float = 0.0, generator: Any = None) -> tuple[list[Answer], dict[str, int]]:
     """Decodes one batch of token-id prompts; returns one Answer per row and step counts."""
@@ -139,9 +152,11 @@ def greedy_batch(lm: Any, tok: Any, rows: list[list[int]], rules: DecodingRules,
     live = list(range(len(rows)))
     stats = {"prefill_tokens": int(mask.sum()), "padded_prefill_tokens": ids.numel(), "decode_row_steps": 0, "decode_steps": 0}
 
+    kv = {cache_argument(lm): cache}
+
     def forward(x: Any, m: Any, p: Any) -> Any:
         attn = None if bool(m.all()) else m.to(device)
-        out = lm(input_ids=x.to(device), attention_mask=attn, position_ids=p.to(device), past_key_values=cache,
+        out = lm(input_ids=x.to(device), attention_mask=attn, position_ids=p.to(device), **kv,
                  use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].to(dtype=torch.float32, device="cpu")
 

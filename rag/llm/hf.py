@@ -152,6 +152,7 @@ class HFGenerator(CausalLM, Generator):
                         max(map(len, encoded)), self.max_new_tokens, limit)
         answers: list[str] = [""] * len(texts)
         latencies = [0.0] * len(texts)
+        stopped = [False] * len(texts)
         totals = {"new_tokens": 0, "answer_tokens": 0, "prefill_tokens": 0, "padded_prefill_tokens": 0,
                   "decode_row_steps": 0, "decode_steps": 0}
         run_batch = self._loop_batch if self.runtime == "loop" else self._generate_batch
@@ -159,14 +160,15 @@ class HFGenerator(CausalLM, Generator):
         for batch in tqdm(length_batches([len(e) for e in encoded], self.batch_size), desc="generate",
                           unit="batch", mininterval=2.0, leave=False):
             tb = time.perf_counter()
-            texts_out, counts = run_batch(tok, lm, [encoded[i] for i in batch])
+            texts_out, counts, at_limit = run_batch(tok, lm, [encoded[i] for i in batch])
             share = 1000.0 * (time.perf_counter() - tb) / len(batch)
-            for i, text in zip(batch, texts_out):
-                answers[i], latencies[i] = text, share
+            for i, text, cut in zip(batch, texts_out, at_limit):
+                answers[i], latencies[i], stopped[i] = text, share, cut
             for k, v in counts.items():
                 totals[k] += v
         seconds = time.perf_counter() - t0
         self.last_latencies_ms = latencies
+        self.last_stopped = stopped
         self.stats = {**totals, "seconds": round(seconds, 3),
                       "tokens_per_s": round(totals["new_tokens"] / seconds, 2) if seconds > 0 else 0.0}
         empty = sum(1 for a in answers if not a)
@@ -179,7 +181,11 @@ class HFGenerator(CausalLM, Generator):
         eos = tok.eos_token_id if eos is None else eos
         return set(eos if isinstance(eos, (list, tuple)) else [eos])
 
-    def _loop_batch(self, tok: Any, lm: Any, rows: list[list[int]]) -> tuple[list[str], dict[str, int]]:
+    @property
+    def token_limit(self) -> tuple[str, int]:
+        return "llm.max_new_tokens", self.max_new_tokens
+
+    def _loop_batch(self, tok: Any, lm: Any, rows: list[list[int]]) -> tuple[list[str], dict[str, int], list[bool]]:
         import torch
 
         rng = None
@@ -190,9 +196,9 @@ class HFGenerator(CausalLM, Generator):
         texts = [finish_text(tok.decode(a.kept(), skip_special_tokens=True), self.rules) for a in out]
         stats["new_tokens"] = sum(len(a.tokens) for a in out)
         stats["answer_tokens"] = sum(len(a.kept()) for a in out)
-        return texts, stats
+        return texts, stats, [not a.done for a in out]  # not ended by a stop: it ran out of new tokens
 
-    def _generate_batch(self, tok: Any, lm: Any, rows: list[list[int]]) -> tuple[list[str], dict[str, int]]:
+    def _generate_batch(self, tok: Any, lm: Any, rows: list[list[int]]) -> tuple[list[str], dict[str, int], list[bool]]:
         """transformers' generate (the runtime before the loop): every row runs until the batch's
         longest answer ends; stop rules cut the output afterwards."""
         import torch
@@ -211,13 +217,15 @@ class HFGenerator(CausalLM, Generator):
             out = lm.generate(**inputs, **gen_kwargs)
         new = out[:, inputs["input_ids"].shape[1]:]
         stop_ids = self._eos(tok, lm) | {tok.pad_token_id}
-        texts, n_new, n_kept = [], 0, 0
+        texts, n_new, n_kept, at_limit = [], 0, 0, []
         for row in new.tolist():
             a = rules_cut(row, self.rules, stop_ids)
             n_new += len([t for t in row if t != tok.pad_token_id])
             n_kept += len(a.kept())
-            texts.append(finish_text(tok.decode(a.kept(), skip_special_tokens=True), self.rules))
+            decoded = tok.decode(a.kept(), skip_special_tokens=True)
+            texts.append(finish_text(decoded, self.rules))
+            at_limit.append(not a.done and not stop_ids & set(row) and not any(x in decoded for x in self.rules.stop))
         pad = int(inputs["input_ids"].numel())
         return texts, {"new_tokens": n_new, "answer_tokens": n_kept, "prefill_tokens": int(inputs["attention_mask"].sum()),
                        "padded_prefill_tokens": pad, "decode_row_steps": int(new.shape[0] * max(new.shape[1] - 1, 0)),
-                       "decode_steps": int(max(new.shape[1] - 1, 0))}
+                       "decode_steps": int(max(new.shape[1] - 1, 0))}, at_limit

@@ -4,7 +4,7 @@ llama.cpp's server, Ollama, TGI, `transformers serve`, or a hosted API.
 The prompt is the in-process generator's: the same system prompt and the same user message
 (`PromptBuilder`), sent as chat messages so that the server applies the model's own chat template,
 as `HFGenerator` does with the tokenizer's. With greedy decoding and the same token limit, a server
-running the same weights gives the in-process answers (docs/serving.md lists the differences seen).
+running the same weights gives the in-process answers (docs/explanation/serving.md lists the differences seen).
 
 Requests are independent, so the pipeline caches every answer as it arrives
 (`rag.llm.answer_cache`): a run stopped by a dead server resumes with the missing answers
@@ -127,7 +127,8 @@ class OpenAIGenerator(Generator):
 
     def iter_generate(self, questions: list[str], contexts: list[list[Context]]) -> Iterator[tuple[int, dict[str, Any]]]:
         """(index, record) for each answer as it arrives: `answer`, `latency_ms` (the request's wall
-        time, retries included), `usage`, `finish_reason`, `served_model`, `attempts`. The first
+        time, retries included), `usage`, `finish_reason`, `served_model`, `attempts`, and
+        `withheld` where the reply holds no answer (rag.llm.chat_api.withheld: never cached). The first
         request that fails for good stops the rest and raises its one-line error after the
         answers still in flight have been yielded."""
         if len(questions) != len(contexts):
@@ -140,9 +141,11 @@ class OpenAIGenerator(Generator):
                 bar.update(1)
                 if done.finish_reason == "length":
                     log.debug("llm: answer %d stopped at max_tokens=%d", i, self.max_tokens)
-                yield i, {"answer": done.text.strip(), "latency_ms": round(done.latency_ms, 3), "usage": done.usage(),
+                # a withheld reply's text (a refusal's apology) is no answer to score either
+                yield i, {"answer": "" if done.withheld else done.text.strip(),
+                          "latency_ms": round(done.latency_ms, 3), "usage": done.usage(),
                           "finish_reason": done.finish_reason, "served_model": done.served_model,
-                          "attempts": done.attempts}
+                          "attempts": done.attempts, **({"withheld": done.withheld} if done.withheld else {})}
         finally:
             bar.close()
 
@@ -153,7 +156,12 @@ class OpenAIGenerator(Generator):
         done = [r for r in records if r is not None]
         self.last_details = done
         self.last_latencies_ms = [r["latency_ms"] for r in done]
+        self.last_stopped = [r["finish_reason"] == "length" for r in done]
         return [r["answer"] for r in done]
+
+    @property
+    def token_limit(self) -> tuple[str, int]:
+        return "llm.max_tokens", self.max_tokens
 
     # -- dry run ----------------------------------------------------------------------------
 

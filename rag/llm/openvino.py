@@ -254,6 +254,7 @@ class OpenVINOGenerator(UsesCache, Generator):
         encoded = [self._tok(t, add_special_tokens=False)["input_ids"] for t in texts]
         eos = self._eos()
         answers, latencies = [""] * len(texts), [0.0] * len(texts)
+        stopped = [False] * len(texts)
         totals = {"new_tokens": 0, "answer_tokens": 0, "prefill_tokens": 0}
         t0 = time.perf_counter()
         for batch in length_batches([len(e) for e in encoded], self.batch_size):
@@ -262,16 +263,25 @@ class OpenVINOGenerator(UsesCache, Generator):
             made = [self._generate_one(rows[0], eos)] if len(rows) == 1 else self._generate_rows(rows, eos)
             share = 1000.0 * (time.perf_counter() - tb) / len(batch)
             for i, (a, generated) in zip(batch, made):
-                answers[i] = finish_text(self._tok.decode(a.kept(), skip_special_tokens=True), self.rules)
+                decoded = self._tok.decode(a.kept(), skip_special_tokens=True)
+                answers[i] = finish_text(decoded, self.rules)
+                # neither a stop token nor a rule ended it: it ran out of new tokens
+                stopped[i] = (not a.done and len(a.tokens) >= self.max_new_tokens
+                              and not any(x in decoded for x in self.rules.stop))
                 latencies[i] = share
                 totals["new_tokens"] += generated
                 totals["answer_tokens"] += len(a.kept())
             totals["prefill_tokens"] += sum(len(r) for r in rows)
         seconds = time.perf_counter() - t0
         self.last_latencies_ms = latencies
+        self.last_stopped = stopped
         self.stats = {**totals, "seconds": round(seconds, 3),
                       "tokens_per_s": round(totals["new_tokens"] / seconds, 2) if seconds > 0 else 0.0}
         return answers
+
+    @property
+    def token_limit(self) -> tuple[str, int]:
+        return "llm.max_new_tokens", self.max_new_tokens
 
     def _config(self, eos: set[int]) -> Any:
         import openvino_genai as ov_genai

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rag.corpus.base import text_field
-from rag.types import QAItem, RagError, Relevance
+from rag.types import QAItem, RagError, Relevance, check_grade
 
 PARTS = ("all", "train", "test")
 
@@ -84,9 +84,40 @@ class QuestionSet:
         self.split = QuestionSplit.of(split)
 
     def items(self) -> list[QAItem]:
+        """Reads every question of the set. Required.
+
+        The runner calls `load()`, which keeps the part of `items()` that `qa.split` names (dev,
+        test, ...) and refuses an empty part; the questions are cached by `fingerprint`.
+
+        Returns:
+            The questions, each with a unique `id`, its `question`, its `answer` (None where the
+            set has labels only), and where known the id of its source document (`source`), that
+            document's group tag (`corpus`) and graded `relevant` labels.
+
+        Raises:
+            RagError: An input file is missing or a line is malformed, in one line naming it.
+
+        Example:
+            A fixed pair of questions:
+
+                class Two(QuestionSet):
+                    def items(self):
+                        return [QAItem("q1", "What does free do?", "It frees memory.", source="man:free.3"),
+                                QAItem("q2", "What does fcntl do?", "It manipulates a descriptor.")]
+
+                    def inputs_fingerprint(self):
+                        return {"version": 1}
+        """
         raise NotImplementedError
 
     def inputs_fingerprint(self) -> dict[str, Any]:
+        """What the questions are read from. Required.
+
+        Returns:
+            A JSON-able mapping that changes when the questions may (input paths with their sizes
+            and modification times, `rag.corpus.base.file_fingerprint`, and the reader's
+            settings); the cached questions are reused while it is equal.
+        """
         raise NotImplementedError
 
     def fingerprint(self) -> dict[str, Any]:
@@ -134,6 +165,7 @@ def parse_relevant(value: Any, where: str) -> tuple[Relevance, ...]:
         grade = obj.get("grade", 1)
         if isinstance(grade, bool) or not isinstance(grade, int) or grade < 0:
             raise RagError(f"{at}: 'grade' must be a non-negative integer, got {grade!r}")
+        check_grade(grade, f"{at}: 'grade'")
         span = obj.get("span")
         if span is not None:
             ok = (isinstance(span, list) and len(span) == 2

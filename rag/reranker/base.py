@@ -30,6 +30,9 @@ class Reranker:
     endpoint: Endpoint | None = None
     counter: TokenCounter | None = None
     usage: dict[str, Any] | None = None
+    #: the corpora its model learnt from (rag.fitted.corpus_record each), once the model is loaded;
+    #: None where it is not known (a model trained elsewhere, or no model)
+    fitted_on: list[dict[str, Any]] | None = None
 
     def use_cache(self, cache: ArtifactCache) -> None:
         """Optional: the session's artifact cache (rag.models.UsesCache)."""
@@ -44,6 +47,32 @@ class Reranker:
         """Optional: refuse (RagError) to rank questions the reranker was trained on."""
 
     def rerank(self, queries: list[str], hits: Hits, chunks: Sequence[Chunk], k: int, reuse: bool = True) -> Hits:
+        """Reorders each question's fused candidates and keeps the best `k`. Required.
+
+        The runner calls it once per batch of questions, after `use_cache`, `prepare` and
+        `warm_up`, with every question's fused top `max(k, top_n)` candidates, best first; row
+        `q` of `hits` belongs to `queries[q]`.
+
+        Args:
+            queries: The question texts, one per row of `hits`.
+            hits: The candidates: `hits.ids[q, j]` is a row of `chunks` (-1 marks an empty slot,
+                after the last candidate) and `hits.scores[q, j]` its fused score, higher first.
+            chunks: The run's chunks, indexed by the rows in `hits` (`chunks[row].text`).
+            k: How many candidates to keep per question.
+            reuse: False for a timed search (rag.latency): compute afresh, returning nothing
+                remembered from an earlier call.
+
+        Returns:
+            Hits of width `k`, one row per question, best first; a row with fewer than `k`
+            candidates is padded with -1 ids (`Hits.from_rows` pads).
+
+        Example:
+            A reranker that keeps the retrieval order, as `reranker=none` does:
+
+                class KeepOrder(Reranker):
+                    def rerank(self, queries, hits, chunks, k, reuse=True):
+                        return hits.top(k)
+        """
         raise NotImplementedError
 
 

@@ -90,9 +90,10 @@ class CrossEncoderReranker(PointwiseReranker):
     def model_path(self) -> str:
         """The folder or hub id to load; trains the `trained:` model when it is not cached."""
         if self.model_name == TRAINED:
-            from rag.reranker.training.artifact import build_trained_model
+            from rag.reranker.training.artifact import build_trained_model, fitted_on
 
             self.artifact = build_trained_model(self.train, self.cache)
+            self.fitted_on = fitted_on(self.artifact)
             log.info("cross-encoder %s: %s", "cached" if self.artifact.hit else "trained", self.artifact.path)
             return str(self.artifact.path)
         return resolve_model(self.model_name, "reranker").path

@@ -21,7 +21,7 @@ from typing import Any
 
 from rag.cache import ArtifactCache, make_key
 from rag.models import UsesCache, use_cache
-from rag.llm.base import Generator
+from rag.llm.base import Generator, withheld
 from rag.reranker.base import Reranker
 from rag.schema import PositiveInt, checked
 from rag.types import Chunk, Context, Hits, RagError
@@ -104,7 +104,7 @@ class ListwiseReranker(UsesCache, Reranker):
         answer = (self.llm.generate([query], [passages]) or [""])[0] or ""
         self.usage["requests"] += 1
         self._count_tokens()
-        if reuse:
+        if reuse and withheld(self.llm) is None:  # a reply that held no answer is asked again by the next run
             try:
                 self.cache.put_record(ORDERS, key, {"answer": answer})
             except OSError as e:

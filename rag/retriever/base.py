@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 
 from rag.embedder.base import Embedder
-from rag.retriever.routing import Router
+from rag.retriever.routing import Route, Router
 from rag.retriever.source_filter import SourceFilter, check_source_filters, source_filters
 from rag.types import Document, Hits
 
@@ -42,6 +42,10 @@ class DensePart(Protocol):
 
 
 class Retriever:
+    """Base of the retrievers (config group `retriever`): a new one implements `_prepare` and
+    `_search`; source filters, routing, batching by filter and the candidates a sweep's jobs share
+    are this class's."""
+
     def __init__(self, source_filter: Any = None) -> None:
         self._artifacts: Artifacts | None = None
         self.source_filter = dict(source_filter or {})
@@ -70,18 +74,25 @@ class Retriever:
         return source_filters(f.get("mode"), f.get("groups"), f.get("sources"), question_corpora)
 
     def route(self, queries: list[str]) -> tuple[list[SourceFilter], np.ndarray]:
-        """mode=router: each query's routed group, one query at a time as a served system would
-        route, and each routing's latency in milliseconds (query encoding included)."""
+        """mode=router: each query's source filter (its routed group, or None where the router is
+        not confident enough to filter) and each routing's latency in milliseconds."""
+        routes, ms = self.routes_of(queries)
+        return [r.filter for r in routes], ms
+
+    def routes_of(self, queries: list[str]) -> tuple[list[Route], np.ndarray]:
+        """mode=router: each query's routing (rag.retriever.routing.Route), one query at a time as
+        a served system would route, and each routing's latency in milliseconds (query encoding
+        included)."""
         dense = self.dense_part()
         if self.router is None or dense is None or not self.router.groups:
             raise RuntimeError(f"{type(self).__name__}.route needs mode=router and prepare()")
-        out: list[SourceFilter] = []
+        out: list[Route] = []
         ms = np.zeros(len(queries))
         dense.routed_vectors.clear()
         for q, query in enumerate(queries):
             t0 = time.perf_counter()
             vec = dense.embedder.encode_queries([query])
-            out.extend(self.router.route(vec))
+            out.extend(self.router.decide(vec))
             ms[q] = 1000.0 * (time.perf_counter() - t0)
             # A served system encodes a question once for routing and search: so does this one.
             dense.routed_vectors[query] = vec[0]
@@ -107,12 +118,28 @@ class Retriever:
         if self.router is not None:
             embedder = cast(DensePart, self.dense_part()).embedder  # routes: a dense part, checked at construction
             vectors = artifacts.vectors(embedder)
+            chunk_set = cast("ChunkSet", artifacts.chunk_set)
             with artifacts.timer.stage("route_fit"):
-                self.router.fit(vectors, cast("ChunkSet", artifacts.chunk_set).sources, key=artifacts.vectors_key(embedder),
-                                memory=artifacts.cache.memory)
+                # The chunks' own texts, not their indexed prefixes: pseudo-queries stand in for questions.
+                self.router.fit(vectors, chunk_set.sources, key=artifacts.vectors_key(embedder),
+                                memory=artifacts.cache.memory, encode=embedder.encode_queries,
+                                texts=lambda rows: [chunk_set.chunks[int(i)].text for i in rows])
         return self
 
     def _prepare(self, artifacts: Artifacts) -> None:
+        """Loads or builds what searching needs, through the artifact cache. Required.
+
+        The runner calls `prepare(artifacts)` once per run, after the chunks exist; it calls this,
+        then fits the router where `source_filter.mode=router`.
+
+        Args:
+            artifacts: The run's `rag.artifacts.Artifacts`: `artifacts.vectors(embedder)`,
+                `artifacts.vector_index(...)`, `artifacts.bm25(...)` build on a miss and load on a
+                hit; `artifacts.chunk_set` holds the chunks.
+
+        Example:
+            See `rag.retriever.dense.DenseRetriever._prepare`: the chunk vectors and their index.
+        """
         raise NotImplementedError
 
     def warm_up(self) -> None:
@@ -170,4 +197,21 @@ class Retriever:
         return None
 
     def _search(self, queries: list[str], n: int, allowed: np.ndarray | None) -> Hits:
+        """Each query's top `n` chunks. Required.
+
+        The runner calls `search` or `search_one`, which group the questions by source filter and
+        call this once per filter, after `prepare` and `warm_up`.
+
+        Args:
+            queries: The question texts.
+            n: How many chunks to return per query.
+            allowed: The chunk rows a query may return (its source filter), sorted; None: all.
+
+        Returns:
+            Hits of one row per query, best first, chunk rows as ids and higher scores better;
+            -1 ids past the last hit.
+
+        Example:
+            See `rag.retriever.lexical.BM25Retriever._search` for a retriever over one index.
+        """
         raise NotImplementedError

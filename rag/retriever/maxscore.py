@@ -2,7 +2,7 @@
 
 bm25s scores a query by adding the whole posting list of each of its terms into an array of every
 document. A question's common terms occur in most documents, so at millions of chunks that is
-most of a hybrid question's time (docs/bench.md, "Scale"). Most of that work cannot change the
+most of a hybrid question's time (docs/reference/bench.md, "Scale"). Most of that work cannot change the
 result: a common term has a low idf, so its largest contribution to any document (its *max
 impact*) is small.
 

@@ -23,7 +23,8 @@ def source_filters(mode: str | None, groups: Any, sources: Any, question_corpora
       that contains c (e.g. PubMed questions search PubMed, libc/PyTorch questions search the
       technical docs); an untagged question is not filtered. The tag is the question's own
       ground truth, which no deployed system has: this is the oracle ablation of "router".
-    - "router": routed from the question text (`Retriever.route`), not decided here.
+    - "router": routed from the question text (`Retriever.route`; filtered only where the router
+      is confident, rag/retriever/routing.py), not decided here.
     """
     if mode in (None, "none"):
         return [None] * len(question_corpora)

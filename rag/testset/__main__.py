@@ -2,12 +2,14 @@
 
     python -m rag.testset corpus=jsonl corpus.path=examples/toy/docs.jsonl testset.n=12 testset.out=toy-questions.jsonl
     python -m rag.testset corpus=jsonl corpus.path=docs.jsonl llm=openai llm.base_url=http://127.0.0.1:8000/v1 llm.model=m
-    python -m rag.testset corpus=libc testset.generator=templates      # man pages and docstrings, no model
+    python -m rag.testset corpus=libc testset.generator=templates      # man pages, docstrings, headed docs: no model
     python -m rag.testset corpus=jsonl corpus.path=docs.jsonl testset.dry_run=true   # count requests, send nothing
 
 The file is read by `qa=jsonl qa.path=<out>`; its summary (filter counts, questions per source,
 document and kind, requests and tokens) is `<out>` with the suffix .summary.json (a dry run's
-counts: .dry_run.json). The settings are conf/testset/default.yaml's (`testset.*`); the llm is
+counts: .dry_run.json). An existing `<out>` is replaced only when it is the file an earlier run
+wrote, unchanged (its summary records its sha256); never the corpus or the question file
+(rag/testset/out.py). The settings are conf/testset/default.yaml's (`testset.*`); the llm is
 SmolLM2-135M unless `llm=` says otherwise.
 
 Exit status: 0 written (or counted, in a dry run); 2 a user error (one line); 130 interrupted.
@@ -54,6 +56,7 @@ def generate(overrides: list[str]) -> dict:
     from rag.session import create, model_cache
     from rag.settings import load
     from rag.testset.build import Inputs, build
+    from rag.testset.out import check_out
     from rag.testset.settings import load_testset
 
     cfg = compose_config(overrides, config_name="testset")
@@ -63,6 +66,8 @@ def generate(overrides: list[str]) -> dict:
         from dataclasses import replace
 
         ts = replace(ts, dry_run=True)
+    # before a model is loaded or a request sent: the files it would write must be its own to write
+    check_out(ts, settings.resolved.get("corpus"), settings.resolved.get("qa"))
     models = model_cache(settings)
     chunker = create(ts.passages)
     llm = create(settings.nodes.llm) if ts.generator == "llm" else None

@@ -20,10 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rag.atomic import atomic_write_text
 from rag.cache import ArtifactCache
+from rag.reranker.training.structure import LOOKED_FOR
+from rag.secrets import redacted_data
 from rag.testset import filters as checks
 from rag.testset.generate import ANSWER, QUESTION, Asker, Request, Usage, template_questions
+from rag.testset.out import kept_sha, write_questions, write_summary
 from rag.testset.passages import Passages, Slot, askable, draw, round_robin, spread, spread_counts
 from rag.testset.prompts import TWO_PASSAGE, clean_answer, parse_question
 from rag.testset.settings import Filters, TestsetSettings
@@ -148,10 +150,15 @@ def _usage(u: Usage) -> dict[str, Any]:
 def _written_by_templates(docs: Sequence[Document], passages: Passages, rows: Sequence[int], m: int,
                           seed: int, f: Filters) -> list[Candidate]:
     ok = set(rows)
-    found = [t for t in template_questions(docs, passages) if t.row in ok]
+    asked = template_questions(docs, passages)
+    found = [t for t in asked if t.row in ok]
+    if not asked:
+        raise RagError(f"testset.generator=templates found nothing to ask about in the {len(docs)} documents: "
+                       f"{LOOKED_FOR}; use testset.generator=llm")
     if not found:
-        raise RagError("testset.generator=templates found no man page or PyTorch docstring to ask about "
-                       "(corpus=libc, pytorch or mixed have them); use testset.generator=llm")
+        raise RagError(f"testset.generator=templates: the {len(asked)} questions its templates found are all on "
+                       "passages too short or not prose enough to ask about (testset.filters.min_passage_chars, "
+                       "testset.filters.min_prose_share)")
     keys = [(passages[t.row].source, passages[t.row].doc_id) for t in found]
     cands = []
     for i in spread(keys, random.Random(f"testset:{seed}"))[:m]:
@@ -280,9 +287,8 @@ def build(ts: TestsetSettings, inputs: Inputs, say: Callable[[str], None] = prin
         raise RagError(f"testset: no question passed the filters (counts in {ts.summary_path})")
     lines = [json.dumps(record(i, c, passages, summary["generator_id"]), ensure_ascii=False)
              for i, c in enumerate(chosen, 1)]
-    ts.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(ts.out, "".join(line + "\n" for line in lines))
-    _write_summary(ts, summary, say)
+    written = write_questions(ts, "".join(line + "\n" for line in lines))
+    _write_summary(ts, summary, say, written)
     say(f"wrote {len(chosen)} questions to {ts.out}")
     return summary
 
@@ -312,7 +318,9 @@ def _say_counts(summary: dict[str, Any], say: Callable[[str], None]) -> None:
             f"tokens ({req['token_count'] or 'none sent'})")
 
 
-def _write_summary(ts: TestsetSettings, summary: dict[str, Any], say: Callable[[str], None]) -> None:
-    ts.summary_path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(ts.summary_path, json.dumps(summary, indent=2, ensure_ascii=False, default=str) + "\n")
+def _write_summary(ts: TestsetSettings, summary: dict[str, Any], say: Callable[[str], None],
+                   written: str | None = None) -> None:
+    """The summary, vouching for the question file just `written` (its sha256) or, where this run
+    wrote none, for the one an earlier run left (rag/testset/out.py)."""
+    write_summary(ts, redacted_data(summary), written or kept_sha(ts))
     say(f"summary: {ts.summary_path}")

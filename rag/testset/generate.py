@@ -1,5 +1,6 @@
 """Where the questions and answers come from: any configured `llm` (`testset.generator=llm`) or the
-structural templates of man pages and docstrings (`testset.generator=templates`, no model).
+structural templates of man pages, docstrings and headed documentation (`testset.generator=templates`,
+no model; rag/reranker/training/structure.py recognises them by the text).
 
 The LLM is asked twice per question: its kind's few-shot prompt (rag/testset/prompts.py) writes the
 question from the passage(s), then the generator's own prompt (`llm.prompt`, as in a run) answers
@@ -22,8 +23,10 @@ from typing import Any
 
 from rag.cache import ArtifactCache, make_key
 from rag.llm.base import CHARS_PER_TOKEN, Generator, generate_each
+from rag.reranker.training.structure import heading_at
 from rag.reranker.training.templates import structural_questions
 from rag.reranker.training.text import sentences
+from rag.secrets import redacted_data
 from rag.testset.passages import Passages
 from rag.testset.prompts import digest, prompt_builder
 from rag.types import Context, Document, RagError
@@ -95,8 +98,9 @@ class Asker:
             return digest(self.llm.system_prompt, self.llm.prompt.build(r.question, self._contexts(r)))
 
     def generator_id(self) -> dict[str, Any]:
-        """The generator's id without its prompt (provenance names each prompt by its digest)."""
-        return {k: v for k, v in self.llm.id.items() if k not in ("prompt", "system_prompt")}
+        """The generator's id without its prompt (provenance names each prompt by its digest), as
+        every question's provenance and the summary write it (rag.secrets.redacted_data)."""
+        return redacted_data({k: v for k, v in self.llm.id.items() if k not in ("prompt", "system_prompt")})
 
     def _groups(self, requests: Sequence[Request]) -> dict[tuple[str, str], list[int]]:
         groups: dict[tuple[str, str], list[int]] = {}
@@ -177,24 +181,30 @@ class TemplateQuestion:
 
 def answer_start(text: str, offset: int) -> int:
     """Where the text a template points at begins: after a line that only names the flag or error
-    asked about."""
+    asked about, at its first character that is not blank (a man page indents its text; a
+    passage holds its text, not the indentation before it)."""
     end = text.find("\n", offset)
-    return end + 1 if end >= 0 and len(text[offset:end].split()) == 1 else offset
+    start = end + 1 if end >= 0 and len(text[offset:end].split()) == 1 else offset
+    while start < len(text) and text[start].isspace():
+        start += 1
+    return start
 
 
 def template_answer(text: str) -> str:
-    """Up to two sentences of `text`, up to the next man page section heading."""
+    """Up to two sentences of `text`, up to the next heading: a man page's section ("RETURN VALUE",
+    at column 0) or documentation's (rag.reranker.training.structure.heading_at)."""
     body: list[str] = []
-    for line in text.splitlines():
-        if body and line[:1].isupper() and line.strip().isupper():  # "RETURN VALUE", at column 0
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if body and ((line[:1].isupper() and line.strip().isupper()) or heading_at(lines, i) is not None):
             break
         body.append(line)
     return " ".join(sentences("\n".join(body))[:2])[:TEMPLATE_ANSWER_CHARS].strip()
 
 
 def template_questions(docs: Sequence[Document], passages: Passages) -> list[TemplateQuestion]:
-    """The structural templates' questions (rag/reranker/training/templates.py) of the man pages
-    and PyTorch docstrings and pages among `docs`, each answered by the text its template points at:
+    """The structural templates' questions (rag/reranker/training/templates.py) of the man pages,
+    docstrings and headed documentation among `docs`, each answered by the text its template points at:
     up to two sentences from there, within the passage that holds their start."""
     out: list[TemplateQuestion] = []
     for doc in docs:

@@ -1,1 +1,1 @@
-"""Training the cross-encoder reranker (see docs/cross_encoder.md)."""
+"""Training the cross-encoder reranker (see docs/explanation/cross_encoder.md)."""

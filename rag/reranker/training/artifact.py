@@ -11,15 +11,16 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from rag.corpus.loading import load_corpus
 from rag.cache import ArtifactCache, make_key
 from rag.chunk_store import DocumentStore
 from rag.corpus.base import Corpus
-from rag.corpus.slicing import content_fingerprint
+from rag.corpus.loading import load_parts
+from rag.corpus.slicing import check_unique_ids, content_fingerprint
+from rag.fitted import corpus_record
 from rag.models import resolve_model
 from rag.reranker.training.dataset import build_dataset
 from rag.reranker.training.evaluate import biencoder_reference, evaluate
@@ -35,11 +36,26 @@ KIND = "cross_encoder"
 TRAIN_VERSION = 4
 METRICS_FILE = "train_metrics.json"
 RERANKER_FILE = "reranker.json"
+FITTED_ON = "fitted_on"  # the manifest's record of the corpora the model learnt from
+GIVEN_DOCUMENTS = "the documents given as reranker.train.corpus"
 
 
 def training_docs(corpus: Any, cache: ArtifactCache) -> list[Document]:
-    """The training documents: a corpus object (anything load_corpus takes), a `_target_` mapping
-    (instantiated with Hydra) or a list of Documents."""
+    """The training documents, in order: `training_parts`' documents one part after another."""
+    return joined(training_parts(corpus, cache))
+
+
+def joined(parts: Sequence[tuple[str, Sequence[Document]]]) -> list[Document]:
+    docs = [d for _, part in parts for d in part]
+    if len(parts) > 1:
+        check_unique_ids([d.id for d in docs], "corpus")  # as load_corpus checks a mixed corpus
+    return docs
+
+
+def training_parts(corpus: Any, cache: ArtifactCache) -> list[tuple[str, Sequence[Document]]]:
+    """(name, documents) of each corpus the training documents come from, in order (a mixed
+    corpus's parts; one for any other): a corpus object (anything load_corpus takes), a `_target_`
+    mapping (instantiated with Hydra) or a list of Documents."""
     if corpus is None:
         raise RagError("reranker.train.corpus is not set: the `trained:` model needs documents to train on")
     if isinstance(corpus, Mapping):
@@ -49,11 +65,11 @@ def training_docs(corpus: Any, cache: ArtifactCache) -> list[Document]:
 
         corpus = instantiate(dict(corpus), _convert_="all")
     if isinstance(corpus, (list, tuple, DocumentStore)) and all(isinstance(d, Document) for d in corpus):
-        return list(corpus)
+        return [(GIVEN_DOCUMENTS, list(corpus))]
     if not isinstance(corpus, Corpus):
         raise RagError(f"reranker.train.corpus: expected a corpus, got {type(corpus).__name__}")
-    docs, _ = load_corpus(corpus, cache)
-    return list(docs)  # a training corpus is small; the trainer indexes and samples it as a list
+    # a training corpus is small; the trainer indexes and samples it as a list
+    return [(part.title(), list(docs)) for part, docs in load_parts(corpus, cache)]
 
 
 class TrainingInputs:
@@ -63,7 +79,8 @@ class TrainingInputs:
         train = dict(train or {})
         self.settings = train_settings(train)
         self.cache = cache
-        self.docs = training_docs(train.get("corpus"), cache)
+        self.parts = training_parts(train.get("corpus"), cache)
+        self.docs = joined(self.parts)
         self.questions: list[QAItem] = []
         self.split: dict[str, Any] | None = None
         if self.settings["queries"]["labelled"]:
@@ -72,6 +89,11 @@ class TrainingInputs:
             qs = question_set(train["labelled"])
             self.questions, self.split = qs.load(), qs.split.id
         self.generator_config = train.get("generator")
+
+    def fitted_on(self) -> list[dict[str, Any]]:
+        """What the model learns from, corpus by corpus, by name and content fingerprint
+        (rag.fitted.corpus_record): the record a run compares its own corpus with."""
+        return [corpus_record(name, docs) for name, docs in self.parts]
 
     def key(self) -> tuple[str, dict[str, Any]]:
         params = {"base_model": self.settings["base_model"], "train": key_settings(self.settings),
@@ -155,14 +177,26 @@ def build_trained_model(train: Mapping[str, Any] | None, cache: ArtifactCache,
                 m = json.loads((tmp / METRICS_FILE).read_text(encoding="utf-8"))
                 return {"source": "shipped", "train_pairs": m["data"]["train_pairs"],
                         "train_seconds": m["training"]["train_seconds"], "total_seconds": m["total_seconds"],
-                        "heldout_before": m["heldout_before"], "heldout_after": m["heldout_after"]}
+                        "heldout_before": m["heldout_before"], "heldout_after": m["heldout_after"],
+                        FITTED_ON: fitted_on}
         log.info("training the cross-encoder reranker %s (one-time, cached) on %d documents", key, len(inputs.docs))
         m = train_cross_encoder(inputs, tmp, progress, reference)
         return {"source": "trained", "train_pairs": m["data"]["train_pairs"], "train_seconds": m["training"]["train_seconds"],
                 "total_seconds": m["total_seconds"], "heldout_before": m["heldout_before"],
-                "heldout_after": m["heldout_after"]}
+                "heldout_after": m["heldout_after"], FITTED_ON: fitted_on}
 
-    return cache.get_or_build(KIND, key, build, inputs=key_inputs)
+    # In the manifest, not a file of the model folder: the folder's checksums name the model whose
+    # scores the cache and the seed record, and a record of its corpora changes no score.
+    fitted_on = inputs.fitted_on()
+    art = cache.get_or_build(KIND, key, build, inputs=key_inputs)
+    if FITTED_ON not in art.manifest:  # built before the record was kept: the same inputs say it
+        art = replace(art, manifest={**art.manifest, FITTED_ON: fitted_on})
+    return art
+
+
+def fitted_on(artifact: Any) -> list[dict[str, Any]]:
+    """The corpora a `cross_encoder` artifact learnt from (build_trained_model's record)."""
+    return list(artifact.manifest.get(FITTED_ON) or [])
 
 
 def reranker_info(model_dir: str | Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ for training groups, one of a validation document.
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import time
 from collections import Counter
@@ -23,6 +24,7 @@ from rag.reranker.training.passages import PassagePool
 from rag.reranker.training.text import contains_query, norm
 from rag.types import Document, QAItem, RagError
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HARD_POOL = 10  # hard negatives are sampled among this many top BM25 hits (one per document)
@@ -142,6 +144,11 @@ def collect_examples(docs: Sequence[Document], pool: PassagePool, questions: Seq
         out["labelled"] = labelled_examples(questions, pool)
     if budget["templates"]:
         out["templates"] = [e for d in docs for e in template_examples(d, pool)]
+        if not out["templates"]:
+            from rag.reranker.training.structure import LOOKED_FOR
+
+            log.warning("reranker.train.queries.templates=%s: the %d training documents have %s; the templates "
+                        "family adds no query", budget["templates"], len(docs), LOOKED_FOR)
     if budget["mined"]:
         headings = unique_headings(docs)
         kinds = set(s["mined_kinds"])

@@ -1,5 +1,5 @@
 """Pseudo-queries mined from document text (the first recipe, kept to reproduce it; see
-docs/cross_encoder.md). Every query is a piece of its own document, cut out of the positive:
+docs/explanation/cross_encoder.md). Every query is a piece of its own document, cut out of the positive:
 - man_name:        a man page's NAME description -> the start of its DESCRIPTION
 - man_subsection:  an indented subsection heading unique in the corpus -> that subsection
 - docstring:       a docstring's summary sentence -> the signature line plus the rest

@@ -14,7 +14,9 @@ cross_encoder artifact it becomes is byte for byte the folder training wrote. An
 any mismatch, returns False and the caller trains as before.
 
 `python -m rag.reranker.training.shipped ARTIFACT_DIR` writes models/cross_encoder/ from a trained
-artifact (what a maintainer runs after changing the recipe; the model card is written by hand).
+artifact (what a maintainer runs after changing the recipe; the model card is written by hand), with
+`fitted_on.json`: the corpora the model learnt from, by name, content fingerprint and document
+count (rag/fitted.py), beside the model rather than in it.
 """
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ SHIPPED_DIR = PROJECT_ROOT / "models" / "cross_encoder"
 MANIFEST = "shipped.json"
 LAYERS = "trained_layers.safetensors"
 WEIGHTS = "model.safetensors"
+FITTED_ON = "fitted_on.json"  # the corpora the shipped model learnt from (rag/fitted.py)
 
 
 
@@ -57,9 +59,11 @@ def _base_name(name: str, base: dict[str, Any]) -> str | None:
     return tail if tail in base else None
 
 
-def ship(artifact_dir: Path, key: str, base_model: str, out: Path = SHIPPED_DIR) -> dict[str, Any]:
+def ship(artifact_dir: Path, key: str, base_model: str, out: Path = SHIPPED_DIR,
+         fitted_on: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Writes `out` from a trained model folder: the tensors that differ from the base model's,
-    the other files as they are, and the manifest."""
+    the other files as they are, the manifest and, given the artifact's record of what it learnt
+    from (`fitted_on`), that record by name, fingerprint and count."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
@@ -98,7 +102,26 @@ def ship(artifact_dir: Path, key: str, base_model: str, out: Path = SHIPPED_DIR)
         "trained_layers_bytes": (out / LAYERS).stat().st_size,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if fitted_on is not None:
+        write_fitted_on(out, key, fitted_on)
     return manifest
+
+
+def write_fitted_on(out: Path, key: str, fitted_on: list[dict[str, Any]]) -> None:
+    """FITTED_ON beside the model: the corpora it learnt from. Neither a file of the model folder
+    nor read by `restore`, so it changes no key and no checksum of the model or its scores."""
+    from rag.fitted import described
+
+    doc = {"key": key, "corpora": described(fitted_on)}
+    (out / FITTED_ON).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def shipped_fitted_on(src: Path = SHIPPED_DIR) -> dict[str, Any] | None:
+    """The shipped model's FITTED_ON ({"key", "corpora"}), or None."""
+    try:
+        return json.loads((src / FITTED_ON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def shipped_manifest(src: Path = SHIPPED_DIR) -> dict[str, Any] | None:
@@ -148,11 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=SHIPPED_DIR)
     args = ap.parse_args(argv)
     art = json.loads((args.artifact / "manifest.json").read_text())
-    m = ship(args.artifact, art["key"], art["inputs"]["base_model"], args.out)
+    m = ship(args.artifact, art["key"], art["inputs"]["base_model"], args.out, art.get("fitted_on"))
     print(f"shipped {args.out}: key {m['key']}, {len(m['from_base'])} tensors from the base model, "
           f"trained layers {m['trained_layers_bytes'] / 1e6:.1f} MB")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+
+    run_cli(main)

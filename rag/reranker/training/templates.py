@@ -1,6 +1,8 @@
 """Question-shaped training queries built from a document's structure, with no model: a man page's
 RETURN VALUE section answers "What does read() return?", a docstring's argument list answers
-"What does the `dim` argument of torch.sum do?".
+"What does the `dim` argument of torch.sum do?", a documentation section headed "Chain care"
+answers "How does Chain care work?". The structure is recognised by the text in any corpus
+(structure.py); the demo's own pages and docstrings by their ids.
 
 The templates are written for this purpose, in the style of a user asking about an API (never
 copied from an evaluation set). Each names the document's object, the way real questions about
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from rag.corpus import libc, pytorch
 from rag.reranker.training.examples import Example
 from rag.reranker.training.passages import PassagePool
+from rag.reranker.training.structure import Docstring, docstring, headed_sections, man_page
 from rag.reranker.training.text import clean_markup, sentences
 from rag.types import Document
 
@@ -42,10 +45,17 @@ DOC_ARG_QUESTIONS = ("What does the {a} argument of {f} do?", "What does {a} mea
 DOC_NOTE_QUESTIONS = ("What should I watch out for when using {f}?", "Is there anything special about {f}?")
 DOC_EXAMPLE_QUESTIONS = ("Can you show an example of using {f}?", "How is {f} used in code?")
 PAGE_QUESTIONS = ("How does {h} work in PyTorch?", "What do the PyTorch docs say about {h}?", "What is {h} in PyTorch?")
+# the same for any corpus: no library named
+HOWTO_QUESTIONS = ("How do I {v}?", "How can I {v}?")
+SECTION_QUESTIONS = ("What does the documentation say about {h}?", "How does {h} work?", "Where is {h} explained?")
 
 _ERRNO = re.compile(r"^ {7}(E[A-Z0-9]{2,})\b", re.M)
 _FLAG = re.compile(r"^ {7}([A-Z][A-Z0-9]*_[A-Z0-9_]+)\s*$", re.M)  # a constant on a line of its own
 _ARG = re.compile(r"^\s{2,}(\w+)\s*(?:\([^)]*\))?\s*:\s+\S", re.M)  # "    dim (int): the dimension"
+_NUMPY_ARG = re.compile(r"^ {0,8}(\w+) : \S", re.M)  # "x : array_like" under a numpy-style Parameters heading
+_NUMBERING = re.compile(r"^\d+(?:\.\d+)*\.?\s+")
+# headings that say where the reader is, not what the text is about
+_NAVIGATION = frozenset({"contents", "table of contents", "index", "see also", "references", "next steps"})
 # section words, and arguments nearly every function has (asking about them names nothing specific)
 _NOT_ARGUMENTS = frozenset({"args", "arguments", "returns", "return", "example", "examples", "note", "shape",
                             "attributes", "input", "out", "other", "self", "kwargs", "warning", "default"})
@@ -92,9 +102,10 @@ def _at(doc: Document, fragment: str, start: int = 0) -> int | None:
     return i if i >= 0 else None
 
 
-def man_questions(doc: Document) -> Iterator[tuple[str, str, int]]:
-    """(variant, question, offset of the answering text) of one man page."""
-    f = man_object(doc)
+def man_questions(doc: Document, f: str | None = None) -> Iterator[tuple[str, str, int]]:
+    """(variant, question, offset of the answering text) of one man page; `f`: its object as a
+    question names it (default: read off a libc page's id)."""
+    f = f if f is not None else man_object(doc)
     if not f:
         return
     for head, body in libc.sections(doc.text):
@@ -117,17 +128,31 @@ def man_questions(doc: Document) -> Iterator[tuple[str, str, int]]:
                     yield "flag", _pick(FLAG_QUESTIONS, doc.id, c).format(f=f, c=c), pos
 
 
-def docstring_questions(doc: Document) -> Iterator[tuple[str, str, int]]:
-    f = torch_object(doc.id)
-    header, docstring, paras = pytorch.docstring_parts(doc.text)
-    base = len(header) + 2
-    yield "summary", _pick(DOC_SUMMARY_QUESTIONS, doc.id).format(f=f), 0
+def docstring_questions(doc: Document, found: Docstring | None = None) -> Iterator[tuple[str, str, int]]:
+    """(variant, question, offset of the answering text) of one docstring: a PyTorch docstring
+    read by its id, or `found` in any document's text (rag.reranker.training.structure)."""
+    args: tuple[re.Pattern[str], ...]
+    if found is None:
+        header, docstring, paras = pytorch.docstring_parts(doc.text)
+        f, base, howto_questions, args = torch_object(doc.id), len(header) + 2, DOC_HOWTO_QUESTIONS, (_ARG,)
+    else:
+        docstring, base = found.body, found.offset
+        paras = [p for p in re.split(r"\n\s*\n", docstring) if p.strip()]
+        f, howto_questions, args = found.name, HOWTO_QUESTIONS, (_ARG, _NUMPY_ARG)
+    top = 0 if found is None else found.offset  # a docstring found by its text is answered below its signature
+    yield "summary", _pick(DOC_SUMMARY_QUESTIONS, doc.id).format(f=f), top
     first = next((p for p in paras if not re.match(r"^[\w.]+\s*\(.*\)", " ".join(p.split()))), "")
     sents = sentences(clean_markup(first)) if first else []
     verb = howto(sents[0]) if sents else None
     if verb:
-        yield "howto", _pick(DOC_HOWTO_QUESTIONS, doc.id).format(v=verb), 0
-    for m in list(_ARG.finditer(docstring))[:6]:
+        yield "howto", _pick(howto_questions, doc.id).format(v=verb), top
+    matches = sorted((m for pattern in args for m in pattern.finditer(docstring)), key=lambda m: m.start())
+    if found is not None:  # an argument both patterns find is asked about once
+        named: dict[str, re.Match[str]] = {}
+        for m in matches:
+            named.setdefault(m.group(1), m)
+        matches = list(named.values())
+    for m in matches[:6]:
         arg = m.group(1)
         if arg.lower() in _NOT_ARGUMENTS:
             continue
@@ -153,16 +178,32 @@ def page_questions(doc: Document) -> Iterator[tuple[str, str, int]]:
             yield "page_section", _pick(PAGE_QUESTIONS, doc.id, head).format(h=h), at
 
 
+def headed_questions(doc: Document) -> Iterator[tuple[str, str, int]]:
+    """Questions on the sections of headed documentation, each answered by the section's text."""
+    for head, at, _ in headed_sections(doc.text):
+        h = _NUMBERING.sub("", clean_markup(head)).strip()
+        if any(c.isalpha() for c in h) and h.lower() not in _NAVIGATION:
+            yield "section", _pick(SECTION_QUESTIONS, doc.id, head).format(h=h), at
+
+
 def structural_questions(doc: Document) -> list[tuple[str, str, int]]:
-    """(template variant, question, offset of its answer) for a man page, a PyTorch docstring or
-    a PyTorch page; none for any other document (its structure is unknown)."""
+    """(template variant, question, offset of its answer) of one document. The demo's man pages,
+    PyTorch docstrings and PyTorch pages are read by their ids (which also give a page's section);
+    any other document by its text: a man page, a docstring or headed documentation
+    (rag.reranker.training.structure), else none."""
     if libc.is_page_id(doc.id):
         return list(man_questions(doc))
     if pytorch.is_docstring_id(doc.id):
         return list(docstring_questions(doc))
     if pytorch.is_doc_page_id(doc.id):
         return list(page_questions(doc))
-    return []
+    f = man_page(doc.text)
+    if f is not None:
+        return list(man_questions(doc, f))
+    found = docstring(doc.text, doc.id)
+    if found is not None:
+        return list(docstring_questions(doc, found))
+    return list(headed_questions(doc))
 
 
 def template_examples(doc: Document, pool: PassagePool) -> list[Example]:
