@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := outputs/.setup-done
 
-.PHONY: setup infinity demo check-demo docs docs-serve test-docs seed test test-heavy test-chroma test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean openvino test-openvino lint
+.PHONY: setup infinity demo check-demo docs docs-serve docs-images check-docs-images test-docs seed test test-heavy test-chroma test-slow test-crash test-distributed test-scale test-gpu test-server test-browser test-all bench data clean openvino test-openvino lint
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -49,6 +49,21 @@ docs: $(DOCS_STAMP)
 docs-serve: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
+# The pictures in docs/img/, drawn again by the report's own code from the sweeps committed in
+# docs/img/sources/ (experiments/docs_images.py); the screenshots need Chromium, installed as
+# test-browser installs it. check-docs-images (CI, well under a minute, no browser) fails when a
+# committed picture differs from what the code draws now (the rule: docs/contributing.md, "Pictures").
+docs-images: setup
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	    if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	    else echo "ragrig: the screenshots need Chromium: apt-get install chromium chromium-driver" >&2; exit 1; fi; fi
+	$(PIP) install --quiet -e ".[browser]"
+	$(PYTHON) -m experiments.docs_images
+
+check-docs-images: setup
+	$(PYTHON) -m experiments.docs_images --check
+
 # The commands the docs mark with <!-- docs-test: run --> (tests/test_docs.py), run as written on
 # the toy corpus in examples/; a few minutes.
 test-docs: setup
@@ -59,7 +74,9 @@ test-docs: setup
 # cache's vectors and scores copied. Needed after a change to a key of those artifacts.
 seed: setup
 	rm -rf outputs/seed-cache
-	RAGRIG_CACHE=outputs/seed-cache $(PYTHON) run.py -m sweep=demo paths.seed=null
+	@# Pinned to ONNX fp32: backend=auto picks by a timing probe, which may differ between machines;
+	@# the seed holds fp32 vectors, which an auto embedder takes from it on any machine.
+	RAGRIG_CACHE=outputs/seed-cache $(PYTHON) run.py -m sweep=demo paths.seed=null embedder.backend=onnx embedder.precision=fp32
 	$(PYTHON) -m rag.seed outputs/seed-cache --out data/seed
 
 # ruff (pyflakes and pycodestyle errors, pyproject.toml [tool.ruff.lint]) over the code and tests,
@@ -155,10 +172,11 @@ $(OPENVINO_EXPORT):
 test-openvino: openvino
 	$(PYTHON) -m pytest -q -m openvino tests/test_openvino.py tests/test_benchmarks.py
 
-# report.html opened in headless Chromium (tests/test_browser.py, marker browser): installs
-# Debian's chromium and chromium-driver when missing (as root, with apt-get) and the browser extra
-# (selenium). CI runs this target too.
-test-browser: setup
+# report.html opened in headless Chromium (tests/test_browser.py, marker browser), and the docs
+# site opened from disk (tests/test_docs.py, which builds it): installs Debian's chromium and
+# chromium-driver when missing (as root, with apt-get), the browser extra (selenium) and the docs
+# extra. CI runs this target too.
+test-browser: setup $(DOCS_STAMP)
 	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
 	    if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
@@ -176,7 +194,7 @@ data: setup
 
 # Sweep costs (alpha sweep, chunk x alpha grid) and the performance families (BM25, FAISS indexes,
 # encoding, ONNX, end to end, generation, ...), all in benchmarks/, the versions on the cross-domain
-# bed (data/xdomain/, about an hour), then the headline
+# bed (data/xdomain/, 80 minutes with an empty cache), then the headline
 # ratios into outputs/bench/results.json; BENCH_FLAGS=--full adds the long cases.
 bench: setup
 	$(PYTHON) -m benchmarks --only alpha_sweep --only grid_sweep --only demo --out outputs/bench

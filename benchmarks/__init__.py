@@ -46,7 +46,7 @@ FAMILIES = {
 # or --only runs them.
 # retrieval_latency embeds the whole `mixed` corpus when its vectors are not cached (~7 min);
 # reranking trains the cross-encoder when it is not cached (~4 min) and reranks 382 questions (~4 min).
-# xdomain runs v1..v4 and three ablations on three corpora (21 runs, ~1 h with an empty cache).
+# xdomain runs v1..v4 and three ablations on three corpora (21 runs, 80 min with an empty cache).
 OPT_IN = {"ray_encoding", "generation", "serving", "served_models", "retrieval_latency", "reranking", "xdomain"}
 # The sweep costs, the demo's time and the cross-domain bed run only when named (--only), --full
 # included: `make bench` runs them on their own (the first two into outputs/bench before the

@@ -16,7 +16,7 @@ each routed side's router accuracy and whatever else metrics.json's `routing` re
 JSON like every family and `<work_dir>/xdomain.md`, the tables by corpus.
 
 Opt-in (`--only xdomain`; `make bench` runs it on its own): 21 runs, each corpus embedded twice
-(v4 chunks per group), about an hour on 2 shared cores with an empty cache.
+(v4 chunks per group): 80 minutes with an empty cache on 2 cores that other jobs kept busy (load 8-35).
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ picture cannot show what the code no longer draws.
     python -m experiments.docs_images                    # draw them all again (make docs-images)
     python -m experiments.docs_images --check            # exit 1 when one differs (make check-docs-images; CI)
     python -m experiments.docs_images --record demo SWEEP_DIR   # a finished sweep's results become the source
+    python -m experiments.docs_images --record chunk_alpha SWEEP_DIR --charts-only
 
 Each picture has one source, a sweep's result files committed under docs/img/sources/<name>/
 (per job: metrics.json, per_question.jsonl, the overrides and Hydra's job number and choices;
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import re
 import shutil
 import sys
@@ -70,8 +72,8 @@ class Picture:
         return PROJECT_ROOT / self.path
 
 
-# The question opened in report_question.png: one whose source document v3's reranking moves
-# from second to first (a "ranking" fix in the report's terms).
+# The question opened in report_question.png: v1 ranks its source document second, v2..v4 first
+# (a "ranking" fix in the report's terms), and v4 alone retrieves a chunk close to the answer.
 QUESTION = "libc-013"
 
 PICTURES = (
@@ -85,14 +87,14 @@ PICTURES = (
 # the reports
 
 
-def build(source: str, out: Path) -> Path:
-    """The report of the committed sweep `source`, built into `out` as a sweep's end builds it;
-    returns `out`. Raises RagError when the source is missing or unreadable."""
+def build(source: str, out: Path, sources: Path = SOURCES) -> Path:
+    """The report of the committed sweep <sources>/<source>, built into `out` as a sweep's end
+    builds it; returns `out`. Raises RagError when the source is missing or holds an unfinished run."""
     from experiments.aggregate import load_records
     from experiments.report import ReportSettings
     from experiments.report_files import build_report
 
-    src = SOURCES / source
+    src = Path(sources) / source
     if not src.is_dir():
         raise RagError(f"{src}: no such committed sweep (python -m experiments.docs_images --record {source} SWEEP_DIR)")
     records = load_records([src])
@@ -105,8 +107,9 @@ def build(source: str, out: Path) -> Path:
     settings = ReportSettings(
         baseline=None if s.get("baseline") in (None, "") else str(s["baseline"]),
         formats=("png",), resamples=s.get("resamples"), seed=s.get("seed"), title=f"Sweep summary: {source}",
-        **({"max_context_chars": int(s["max_context_chars"])} if s.get("max_context_chars") else {}),
         min_effect=dict(s.get("min_effect") or {}))
+    if s.get("max_context_chars"):
+        settings.max_context_chars = int(s["max_context_chars"])
     build_report(records, out, settings, source=f"Sweep directory: `docs/img/sources/{source}`")
     return out
 
@@ -154,12 +157,13 @@ def screenshot_digest(path: Path) -> str | None:
         return getattr(im, "text", {}).get(DIGEST_KEY)
 
 
-def check(work: Path) -> list[str]:
+def check(work: Path, pictures: tuple[Picture, ...] = PICTURES, sources: Path = SOURCES) -> list[str]:
     """One line per picture that differs from what the code draws now from its source."""
-    problems, built = [], {}
-    for pic in PICTURES:
+    problems: list[str] = []
+    built: dict[str, Path] = {}
+    for pic in pictures:
         if pic.source not in built:
-            built[pic.source] = build(pic.source, work / pic.source)
+            built[pic.source] = build(pic.source, work / pic.source, sources)
         out = built[pic.source]
         if not pic.file.is_file():
             problems.append(f"{pic.path}: missing")
@@ -167,7 +171,7 @@ def check(work: Path) -> list[str]:
         if pic.chart:
             drawn = out / "charts" / f"{pic.chart}.png"
             if not drawn.is_file():
-                problems.append(f"{pic.path}: the report of docs/img/sources/{pic.source} no longer draws {pic.chart}")
+                problems.append(f"{pic.path}: the report of its sweep ({pic.source}) no longer draws {pic.chart}")
                 continue
             why = chart_difference(pic.file, drawn)
         else:
@@ -211,6 +215,7 @@ def _screenshots(shots: list[Picture], built: dict[str, Path], work: Path) -> li
     try:
         for pic in shots:
             out = built[pic.source]
+            driver.get("about:blank")  # the same page at another #fragment would not load again
             load(driver, out / "report.html", fragment=pic.fragment)
             if pic.fragment:  # the question's drill-down at the top of the window
                 driver.execute_script("document.getElementById('detail').scrollIntoView()")
@@ -230,31 +235,38 @@ def _screenshots(shots: list[Picture], built: dict[str, Path], work: Path) -> li
 # recording a source
 
 
-def record(name: str, sweep_dir: Path) -> Path:
-    """Copies a finished sweep's result files into docs/img/sources/<name>/ (replacing it): per
-    job its RUN_FILES, overrides and the part of Hydra's record the report reads, with the
-    repository's own path written as `.`, so that the source says nothing of the machine."""
+def record(name: str, sweep_dir: Path, sources: Path = SOURCES, charts_only: bool = False, note: str = "") -> Path:
+    """Copies a finished sweep's result files into <sources>/<name>/ (replacing it): per job its
+    RUN_FILES, overrides and the part of Hydra's record the report reads, with the repository's
+    own path written as `.`, so that the source says nothing of the machine. `charts_only`: the
+    texts of the retrieved chunks and contexts are left empty (a fifth of the size; the charts
+    read none of them), for a source no screenshot shows. `note` (how, when and where the sweep
+    ran) heads the sweep's multirun.yaml. Raises RagError when a job of the sweep did not finish."""
     from experiments.aggregate import find_run_dirs, load_run
 
     sweep_dir = Path(sweep_dir)
     runs = [load_run(p) for p in find_run_dirs([sweep_dir])]
     if not runs or any(r.status != "ok" for r in runs):
         raise RagError(f"{sweep_dir}: not a finished sweep (every job needs its metrics.json)")
-    dest = SOURCES / name
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=SOURCES))
+    dest = Path(sources) / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
     try:
         for run in runs:
             job = staging / run.path.name
             (job / ".hydra").mkdir(parents=True)
             for f in RUN_FILES:
-                text = (run.path / f).read_text(encoding="utf-8")
-                (job / f).write_text(text.replace(str(PROJECT_ROOT), "."), encoding="utf-8")
+                text = (run.path / f).read_text(encoding="utf-8").replace(str(PROJECT_ROOT), ".")
+                if charts_only and f == "per_question.jsonl":
+                    text = "".join(json.dumps(_without_texts(json.loads(line)), ensure_ascii=False) + "\n"
+                                   for line in text.splitlines() if line.strip())
+                (job / f).write_text(text, encoding="utf-8")
             hydra: dict[str, Any] = {"mode": "MULTIRUN", "job": {"num": run.job_num},
                                      "runtime": {"choices": run.choices}}
             (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(run.overrides), encoding="utf-8")
             (job / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": hydra}), encoding="utf-8")
-        (staging / "multirun.yaml").write_text("# the sweep's jobs are the numbered folders beside this file\n",
-                                               encoding="utf-8")
+        lines = [*note.splitlines(), "The sweep's jobs are the numbered folders beside this file."]
+        (staging / "multirun.yaml").write_text("".join(f"# {line}\n" for line in lines), encoding="utf-8")
         shutil.rmtree(dest, ignore_errors=True)
         staging.rename(dest)
     finally:
@@ -262,15 +274,26 @@ def record(name: str, sweep_dir: Path) -> Path:
     return dest
 
 
+def _without_texts(row: dict[str, Any]) -> dict[str, Any]:
+    for key in ("retrieved", "contexts"):
+        for item in row.get(key) or []:
+            if isinstance(item, dict) and "text" in item:
+                item["text"] = ""
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.docs_images", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="compare, draw nothing: exit 1 when a picture differs")
     ap.add_argument("--record", nargs=2, metavar=("NAME", "SWEEP_DIR"),
                     help="copy a finished sweep's result files into docs/img/sources/NAME")
+    ap.add_argument("--note", default="", help="with --record: how, when and where the sweep ran")
+    ap.add_argument("--charts-only", action="store_true",
+                    help="with --record: leave the chunks' and contexts' texts out (no screenshot shows the source)")
     args = ap.parse_args(argv)
     try:
         if args.record:
-            print(f"recorded: {record(args.record[0], Path(args.record[1]))}")
+            print(f"recorded: {record(args.record[0], Path(args.record[1]), charts_only=args.charts_only, note=args.note)}")
             return 0
         with tempfile.TemporaryDirectory(prefix="ragrig-docs-images-") as tmp:
             if args.check:
@@ -292,4 +315,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+
+    run_cli(main)

@@ -204,3 +204,108 @@ def test_every_results_page_says_when_how_and_where_it_was_measured_and_is_liste
         assert re.match(r"\d{4}-\d{2}-\d{2}-[a-z0-9-]+\.md$", page.name), page.name
         assert all(f"**{what}:**" in head for what in ("Date", "Command", "Machine")), page.name
         assert f"]({page.name})" in index and f"results/{page.name}" in nav, page.name
+
+
+# -- the site's layout ---------------------------------------------------------------------------
+
+# The folder of each nav section; a page at the nav's top level lives in docs/ itself.
+SECTION_FOLDERS = {"Tutorials": "tutorials", "How-to guides": "how-to", "Reference": "reference",
+                   "Explanation": "explanation", "Results log": "results"}
+
+
+def nav_entries() -> list[tuple[str | None, str | None, str]]:
+    """(section, label, page) for every page of mkdocs.yml's nav; label None where the nav gives none."""
+    import yaml
+
+    def walk(items, section):
+        for item in items:
+            if isinstance(item, str):
+                yield section, None, item
+                continue
+            (label, value), = item.items()
+            if isinstance(value, list):
+                yield from walk(value, label)
+            else:
+                yield section, label, value
+
+    return list(walk(yaml.safe_load((PROJECT_ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"], None))
+
+
+def title(page: str) -> str | None:
+    found = re.search(r"^# (.+)$", (DOCS / page).read_text(encoding="utf-8"), re.M)
+    return found.group(1).strip() if found else None
+
+
+def test_every_nav_label_is_its_pages_title():
+    entries = nav_entries()
+    assert entries
+    assert [(page, label, title(page)) for _, label, page in entries if label is not None and label != title(page)] == []
+
+
+def test_every_page_lives_in_the_folder_of_its_nav_section():
+    misplaced = [(section, page) for section, _, page in nav_entries()
+                 if Path(page).parent.as_posix() != SECTION_FOLDERS.get(section, ".")]
+    assert misplaced == []
+
+
+def test_dated_figures_stand_only_on_results_pages():
+    """Outside docs/results/ a date appears only in a link to a results page (code aside: an
+    example path such as outputs/multirun/2025-01-31 is no measurement)."""
+    date = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+    found = []
+    for page in sorted(DOCS.rglob("*.md")):
+        if page.relative_to(DOCS).parts[0] == "results":
+            continue
+        text = re.sub(r"(?ms)^(```|~~~).*?^\1", "", page.read_text(encoding="utf-8"))
+        text = re.sub(r"`[^`\n]*`", "", text)
+        text = re.sub(r"\[[^\]]*\]\([^)]*results/[^)]*\)", "", text)
+        found += [f"{rel(page)}: {line.strip()}" for line in text.splitlines() if date.search(line)]
+    assert found == []
+
+
+def test_the_site_is_built_for_reading_from_disk_without_fetching_anything():
+    import yaml
+
+    config = yaml.safe_load((PROJECT_ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    assert config["use_directory_urls"] is False, "over file:// a folder link shows a directory listing"
+    assert "offline" in config["plugins"], "the search index inlined, so search works from disk"
+    shims = config["extra"]["polyfills"]
+    assert shims and all((DOCS / s).is_file() for s in shims), "the worker shim ships with the docs, no CDN"
+    assert "navigation.footer" in config["theme"]["features"]
+
+
+@pytest.mark.browser
+def test_the_site_opened_from_disk_follows_a_nav_link_and_finds_a_page(tmp_path):
+    """`make docs`, then site/index.html in a browser, as the README says: a link of the nav opens
+    its page (not a directory listing), and the search answers, without a request off the disk."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from experiments.report_check import browser_available, external, make_driver, requests_made
+
+    why = browser_available()
+    if why:
+        pytest.fail(f"the site test needs headless Chromium: {why}")
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=600, env={**__import__("os").environ,
+                                                                             "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    driver = make_driver(tmp_path / "profile", 1400, 900)
+    try:
+        driver.get((site / "index.html").as_uri())
+        driver.find_element("css selector", "nav.md-nav--primary a[href$='tutorials/own-data.html']").click()
+        WebDriverWait(driver, 30).until(lambda d: d.current_url.endswith("tutorials/own-data.html"))
+        assert driver.find_element("tag name", "h1").text == title("tutorials/own-data.md")
+        footer = driver.find_element("css selector", "nav.md-footer__inner").text
+        assert title("tutorials/demo.md") in footer and title("tutorials/sweep.md") in footer, footer
+
+        search = driver.find_element("css selector", "input.md-search__input")
+        search.click()  # over file:// the theme starts its search worker when search opens
+        search.send_keys("cross-encoder")
+        WebDriverWait(driver, 120).until(lambda d: d.find_elements("css selector", ".md-search-result__item"))
+        hits = [a.get_attribute("href") for a in driver.find_elements("css selector", ".md-search-result__item a")]
+        assert any("explanation/cross_encoder.html" in h for h in hits), hits
+        assert [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+        assert external(requests_made(driver)) == []
+    finally:
+        driver.quit()
