@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rag.atomic import block_between, replace_block
 from rag.types import RagError
 
 LOWER_MARK = "↓"  # appended to the label of every lower-is-better metric, on every chart and table
@@ -422,23 +423,12 @@ def markdown(k: Any = "k", tau_recall: Any = 0.75, tau_h: Any = 0.5) -> str:
 def write_page(path: Any) -> bool:
     """Replaces the generated block of `path` (between BEGIN and END) with `markdown()`; True when
     the file changed."""
-    from pathlib import Path
-
-    p = Path(path)
-    text = p.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise RagError(f"{p}: no generated block to replace (the lines {BEGIN!r} and {END!r})")
-    head, rest = text.split(BEGIN, 1)
-    new = f"{head}{BEGIN}\n{markdown()}{END}{rest.split(END, 1)[1]}"
-    if new == text:
-        return False
-    p.write_text(new, encoding="utf-8")
-    return True
+    return replace_block(path, BEGIN, END, markdown())
 
 
 def page_block(text: str) -> str:
     """The generated block of a page's text, as `markdown()` wrote it."""
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].removeprefix("\n")
+    return block_between(text, BEGIN, END)
 
 
 def main(argv: list[str] | None = None) -> int:

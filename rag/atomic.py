@@ -62,3 +62,25 @@ def atomic_write_text(path: Path, text: str) -> None:
         if isinstance(e, OSError) and e.filename is None:  # a failed write() names no file: name it
             raise OSError(e.errno, e.strerror, str(path)) from None
         raise
+
+
+def replace_block(path: Path | str, begin: str, end: str, body: str) -> bool:
+    """Replaces what stands between the marker lines `begin` and `end` of a text file (a page's
+    generated block) with `body`, written whole; True when the file changed."""
+    from rag.types import RagError
+
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    if begin not in text or end not in text:
+        raise RagError(f"{p}: no generated block to replace (the lines {begin!r} and {end!r})")
+    head, rest = text.split(begin, 1)
+    new = f"{head}{begin}\n{body}{end}{rest.split(end, 1)[1]}"
+    if new == text:
+        return False
+    atomic_write_text(p, new)
+    return True
+
+
+def block_between(text: str, begin: str, end: str) -> str:
+    """The generated block of a page's text, as `replace_block` wrote it."""
+    return text.split(begin, 1)[1].split(end, 1)[0].removeprefix("\n")

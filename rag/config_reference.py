@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from rag.atomic import block_between, replace_block
 from rag.types import RagError
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -110,21 +111,12 @@ def markdown(conf: Path = CONF) -> str:
 def write_page(path: Path | str, conf: Path = CONF) -> bool:
     """Replaces the generated block of `path` (between BEGIN and END) with `markdown()`; True when
     the file changed."""
-    p = Path(path)
-    text = p.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise RagError(f"{p}: no generated block to replace (the lines {BEGIN!r} and {END!r})")
-    head, rest = text.split(BEGIN, 1)
-    new = f"{head}{BEGIN}\n{markdown(conf)}{END}{rest.split(END, 1)[1]}"
-    if new == text:
-        return False
-    p.write_text(new, encoding="utf-8")
-    return True
+    return replace_block(path, BEGIN, END, markdown(conf))
 
 
 def page_block(text: str) -> str:
     """The generated block of a page's text, as `markdown()` wrote it."""
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].removeprefix("\n")
+    return block_between(text, BEGIN, END)
 
 
 def main(argv: list[str] | None = None) -> int:
