@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from rag.config import PROJECT_ROOT
 from tests.conftest import MODEL_CACHE, tiny_overrides
 
@@ -14,6 +16,7 @@ def ask(args: list[str], stdin: str | None = None) -> subprocess.CompletedProces
                           cwd=PROJECT_ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
 
 
+@pytest.mark.heavy
 def test_ask_uses_the_cache_and_shows_sources_and_latency(tiny_files):
     overrides = tiny_overrides(tiny_files) + ["+version=v2", "context.labels=true"]
     first = ask(["Why was fcntl64 added?", "--corpus", "libc", *overrides])

@@ -86,6 +86,7 @@ def test_beir_corpus_errors(tmp_path):
         BeirCorpus(root).load()
 
 
+@pytest.mark.heavy
 def test_beir_end_to_end_writes_a_trec_run_that_trec_eval_scores_alike(tmp_path, compose_cfg):
     root = make_beir(tmp_path / "beir")
     out = tmp_path / "out"

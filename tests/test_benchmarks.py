@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -55,13 +57,22 @@ def test_structured_vectors_have_near_neighbours():
 
 
 def test_peak_rss_probe_sees_numpy_memory():
-    before = common.proc_mem()
-    assert common.reset_peak()
-    a = np.ones(50 * 2**20 // 8)  # 50 MiB
-    a[::512] = 2.0
-    after = common.proc_mem()
-    del a
-    assert after["VmHWM"] - before["VmRSS"] > 40 * 2**20
+    # In a fresh interpreter: in the test process, memory freed by earlier tests can be reused
+    # without a page fault, and a new array need not raise the peak at all.
+    probe = (
+        "import numpy as np\n"
+        "from benchmarks import common\n"
+        "before = common.proc_mem()\n"
+        "assert common.reset_peak()\n"
+        "a = np.ones(50 * 2**20 // 8)\n"
+        "a[::512] = 2.0\n"
+        "after = common.proc_mem()\n"
+        "print(after['VmHWM'] - before['VmRSS'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    )
+    assert int(out.stdout.strip()) > 40 * 2**20
 
 
 def test_bm25_tiny():
@@ -200,6 +211,7 @@ def test_generation_answer_quality_pairs_each_variant_with_the_cpu():
     assert q["cuda_4bit"]["answer_gt"] < 0.5 and q["cuda_4bit"]["answer_gt_diff_ci"][1] < 0
 
 
+@pytest.mark.heavy
 def test_onnx_reports_the_default_embedders_pick_against_torch_fp32_and_the_gemm_ceilings():
     pytest.importorskip("onnxruntime")
     from benchmarks.onnx_backend import bench_onnx
@@ -215,6 +227,7 @@ def test_onnx_reports_the_default_embedders_pick_against_torch_fp32_and_the_gemm
     assert ("torch_bf16" in speed["names"]) == ("bf16" in speed["gemm_gflops"])
 
 
+@pytest.mark.heavy
 def test_retrieval_latency_tiny(tmp_path):
     from benchmarks.retrieval_latency import bench_retrieval_latency
     from tests.conftest import TINY_DOCS, TINY_QA, write_jsonl
@@ -380,6 +393,7 @@ def test_reranking_tiny_trains_the_cross_encoder_and_compares_each_v3_with_v2(tm
     assert dev["n_tests"] == len(dev["diffs"])
 
 
+@pytest.mark.heavy
 def test_demo_tiny_times_the_demo_cold_then_warm(tmp_path):
     from benchmarks.demo import bench_demo
 

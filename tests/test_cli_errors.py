@@ -363,6 +363,7 @@ def test_a_corpus_export_with_an_unknown_corpus_is_one_line(tmp_path):
     assert_one_line(done, "ragrig data: error: Could not find 'corpus/nope' (available: beir, jsonl,")
 
 
+@pytest.mark.heavy
 def test_a_run_and_a_question_behind_a_closed_pipe_finish_with_status_0(tiny_files):
     done = to_closed_pipe([str(PROJECT_ROOT / "run.py"), f"hydra.run.dir={tiny_files['out']}",
                            *tiny_overrides(tiny_files)], env=UNBUFFERED)

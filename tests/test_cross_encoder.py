@@ -165,6 +165,36 @@ def test_fused_reranking_weighs_the_cross_encoder_against_the_first_stage():
         CrossEncoderReranker(model="x/y", fuse={"methd": "rrf"})
 
 
+def test_the_default_fusion_keeps_the_first_stage_order_unless_the_model_is_clearly_surer(tmp_path: Path):
+    """v3's default fusion (conf/reranker/cross_encoder.yaml, chosen by leave-one-domain-out): on a
+    domain it never saw the cross-encoder ranks no better than the first stage, so a candidate it
+    prefers by a small margin stays where the first stage put it, while one it scores far above
+    every other candidate still comes first."""
+    from hydra import compose, initialize_config_dir
+
+    from rag.config import PROJECT_ROOT
+    from rag.session import create
+
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["reranker=cross_encoder", f"paths.cache={tmp_path}"])
+    r = create(cfg.reranker)
+    r._model = FakeCrossEncoder()  # injected: nothing is loaded or trained
+    r.use_cache(ArtifactCache(tmp_path / "cache"))
+    chunks = _chunks([f"c{i}" for i in range(20)])
+    hits = Hits(np.arange(20)[None, :], np.linspace(1.0, 0.0, 20, dtype=np.float32)[None, :])
+
+    def top(logits: dict[int, float], query: str) -> int:
+        ce = np.zeros(20, np.float32)
+        ce[list(logits)] = list(logits.values())
+        r._model.predict = lambda pairs, **kw: ce
+        return int(r.rerank([query], hits, chunks, k=5).ids[0, 0])
+
+    # the model's best (second in the first stage) beats the first stage's top by 0.2 logits
+    assert top({0: 1.0, 1: 1.2}, "unsure") == 0
+    # the model puts the third candidate 10 logits above all the others
+    assert top({2: 10.0}, "sure") == 2
+
+
 def test_labelled_passages_name_their_document():
     doc = Document("man:pipe.2", "pipe() creates a pipe.", "libc")
     chunk = make_chunk(doc, 0, len(doc.text), 0)
@@ -327,7 +357,7 @@ def test_default_config_builds_the_reranker(tmp_path: Path):
         cfg = compose("config", overrides=["reranker=cross_encoder", f"paths.cache={tmp_path}"])
     r = create(cfg.reranker)
     assert isinstance(r, CrossEncoderReranker) and r.model_name == "trained:"
-    assert r.precision == "fp32" and r.fuse_method == "rrf" and r.top_n == 20
+    assert r.precision == "fp32" and r.fuse_method == "linear" and r.top_n == 20
     assert hasattr(r.train["corpus"], "parts")
     assert r.train["labelled"].split.part == "train"
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hydra.utils import instantiate
 
 from experiments.aggregate import RunRecord
@@ -98,6 +99,7 @@ def test_the_demo_corpora_are_what_the_shipped_recipe_learnt_from_and_get_no_not
     assert fitted_lines(None, "v3") == []
 
 
+@pytest.mark.heavy
 def test_a_toy_run_of_v3_says_everywhere_that_its_parts_were_fitted_elsewhere(tmp_path, compose_cfg):
     run_dir, cmp_dir = tmp_path / "run", tmp_path / "compare"
     own = ["debug=tiny", f"corpus.path={TOY / 'docs.jsonl'}", f"qa.path={TOY / 'questions.jsonl'}", "+version=v3",

@@ -110,6 +110,7 @@ def test_question_naming_an_unknown_document_fails_before_work(tiny_files, compo
     assert not (tiny_files["out"] / "metrics.json").exists()
 
 
+@pytest.mark.heavy
 def test_run_py_entry_point(tiny_files):
     """Through Hydra's own entry point, as a user runs it; a bad value is one clear line."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -59,6 +59,7 @@ def test_runs_of_different_judges_are_not_pooled(tmp_path, compose_cfg, tiny_fil
     assert "not pooled" in caplog.text and (tmp_path / "a" / "metrics.json").read_bytes() == before
 
 
+@pytest.mark.heavy
 def test_a_sweep_ends_with_its_runs_pooled_and_says_its_labels_are_an_llms(tmp_path, tiny_files):
     from tests.test_sweeps import multirun, sweep_overrides
 

@@ -55,6 +55,7 @@ def warm(tmp_path_factory) -> dict[str, Path]:
     return files
 
 
+@pytest.mark.heavy
 def test_runs_started_together_never_share_a_directory(warm, tmp_path):
     """The issue's reproduction: two runs started in the same second with the default run dir
     (under paths.root); each reports its own directory holding its own results and log."""
@@ -131,6 +132,7 @@ def sweep(warm: dict[str, Path], sweep_dir: Path, *args: str) -> subprocess.Comp
     return run_py(["-m", *overrides, "retriever=hybrid", *args, f"hydra.sweep.dir={sweep_dir}"])
 
 
+@pytest.mark.heavy
 def test_a_reused_sweep_dir_summarizes_only_the_new_sweep_and_all_failed_exits_1(warm, tmp_path):
     d = tmp_path / "fixed-sweep"
     first = sweep(warm, d, "fusion.alpha=0.3,0.7")
@@ -174,6 +176,7 @@ def test_fail_on_decides_the_exit_status_of_a_partly_failed_sweep(tmp_path, caps
     assert judge_sweep(d, "never") == 0 and judge_sweep(d, "all") == 1
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
 def test_a_read_only_cache_serves_hits_and_refuses_builds_in_one_line(warm, tmp_path):
     """A shared cache mounted read-only serves what it holds; a run that must build a new artifact
@@ -221,6 +224,7 @@ def test_a_corpus_path_with_spaces_and_a_bom(tiny_files, compose_cfg, tmp_path):
     assert result["counts"]["documents"] == len(TINY_DOCS)
 
 
+@pytest.mark.heavy
 def test_two_sweeps_and_an_ask_on_one_cold_cache_build_each_artifact_once_and_agree(warm, tmp_path):
     """Two multiruns started together, overlapping in every artifact they need, and a `rag.ask` on
     the same cache while they build: all succeed, the same configuration gives the same metrics
@@ -596,6 +600,7 @@ def test_a_job_refused_its_directory_is_a_failed_job(tmp_path, capsys):
     assert not any(r.failure and r.failure.get("error_type") == "Refused" for r in load_records([d]))
 
 
+@pytest.mark.heavy
 def test_jobs_refused_their_directories_are_listed_counted_and_fail_the_sweep(warm, tmp_path):
     """Job 0's directory holds a user's file, job 1's is in use by another run, job 2 runs: three
     jobs, two failed, exit 1 under report.fail_on=any; nothing written into either directory."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rag.config import PROJECT_ROOT
 from tests.conftest import tiny_overrides
 
@@ -29,6 +31,7 @@ def _files_under(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
 
 
+@pytest.mark.heavy
 def test_a_run_writes_only_to_its_output_and_cache_dirs(tiny_files, tmp_path):
     work, home = tmp_path / "cwd", tmp_path / "home"
     work.mkdir()

@@ -82,6 +82,7 @@ def test_sixty_questions_of_your_own_are_all_scored(compose_cfg, tmp_path):
     assert result["slice"]["documents"]["kept"] == result["slice"]["documents"]["of"] == len(TINY_DOCS)
 
 
+@pytest.mark.heavy
 def test_a_sample_you_ask_for_is_said_in_the_terminal_run_log_metrics_and_report(tmp_path):
     files = own_files(tmp_path, 60, fillers=20)
     out = tmp_path / "out"

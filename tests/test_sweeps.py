@@ -105,6 +105,7 @@ def test_compare_rebuilds_from_sweep_and_single_run(grid_sweep, tiny, tmp_path):
     assert_valid_png(out / "charts" / "grid_heatmap.png")
 
 
+@pytest.mark.heavy
 def test_failing_job_is_recorded_and_does_not_stop_the_sweep_with_mlflow(tiny):
     """alpha=1.5 is a RagError in its job only; the sweep finishes, the summary says which job
     failed and why, and MLflow holds the sweep's parent run and both jobs."""
@@ -145,6 +146,7 @@ def test_failing_job_is_recorded_and_does_not_stop_the_sweep_with_mlflow(tiny):
     assert {"summary.csv", "summary.md", "charts"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
 
 
+@pytest.mark.heavy
 def test_joblib_jobs_share_a_cold_cache(tiny, tmp_path):
     """Four jobs in two worker processes race for the same cold artifacts: each artifact is built
     exactly once, every job uses the same keys, and the cache holds nothing half-written."""
@@ -171,6 +173,7 @@ def test_joblib_jobs_share_a_cold_cache(tiny, tmp_path):
     assert_valid_png(sweep / "charts" / "metric_lines.png")
 
 
+@pytest.mark.heavy
 def test_versions_preset_sweeps_plus_version(tiny):
     """`sweep=versions` sweeps the `+version` presets; the command line narrows the list."""
     sweep = tiny["root"] / "versions"
@@ -218,6 +221,7 @@ def test_sweep_presets_compose(monkeypatch):
     assert _compose([]).tracking._target_ == "experiments.tracking.NullTracker"
 
 
+@pytest.mark.heavy
 def test_optuna_sweep_maximizes_the_objective(tiny):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     sweep = tiny["root"] / "optuna"
