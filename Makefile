@@ -74,9 +74,11 @@ test-docs: setup
 # cache's vectors and scores copied. Needed after a change to a key of those artifacts.
 seed: setup
 	rm -rf outputs/seed-cache
-	@# Pinned to ONNX fp32: backend=auto picks by a timing probe, which may differ between machines;
-	@# the seed holds fp32 vectors, which an auto embedder takes from it on any machine.
-	RAGRIG_CACHE=outputs/seed-cache $(PYTHON) run.py -m sweep=demo paths.seed=null embedder.backend=onnx embedder.precision=fp32
+	@# Pinned (the embedder to ONNX fp32, the cross-encoder to torch fp32): backend=auto picks by a
+	@# timing probe, which may differ between machines; the seed holds fp32 vectors and torch fp32
+	@# scores, which an auto embedder and an auto cross-encoder take from it on any machine.
+	RAGRIG_CACHE=outputs/seed-cache $(PYTHON) run.py -m sweep=demo paths.seed=null embedder.backend=onnx embedder.precision=fp32 \
+	    reranker.backend=torch reranker.precision=fp32
 	$(PYTHON) -m rag.seed outputs/seed-cache --out data/seed
 
 # ruff (pyflakes and pycodestyle errors, pyproject.toml [tool.ruff.lint]) over the code and tests,

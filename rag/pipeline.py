@@ -334,13 +334,15 @@ def run_judge(session: Session, judge: Judge, records: list[QuestionRecord], agg
 
 
 def backends_section(session: Session) -> dict[str, Any] | None:
-    """metrics.json `backends`: which backend computed each local embedder role's vectors and why
-    (`backend: auto` measures them: rag/embedder/backend_choice.py), each also said in the log;
+    """metrics.json `backends`: which backend computed each local embedder role's vectors and the
+    cross-encoder's logits, and why (`backend: auto` measures them: rag/embedder/backend_choice.py,
+    rag/reranker/backend_choice.py), each also said in the log;
     None when no role has a choice of backend."""
-    roles = {"embedder": pipeline_embedder(session.retriever), "eval.embedder": session.eval_embedder}
+    roles = {"embedder": pipeline_embedder(session.retriever), "eval.embedder": session.eval_embedder,
+             "reranker": session.reranker}
     out = {}
-    for role, embedder in roles.items():
-        note = embedder.backend_note if embedder is not None else None
+    for role, part in roles.items():
+        note = getattr(part, "backend_note", None) if part is not None else None
         if note is not None:
             log.info("%s: %s", role, note["line"])
             out[role] = note

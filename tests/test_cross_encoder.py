@@ -357,7 +357,7 @@ def test_default_config_builds_the_reranker(tmp_path: Path):
         cfg = compose("config", overrides=["reranker=cross_encoder", f"paths.cache={tmp_path}"])
     r = create(cfg.reranker)
     assert isinstance(r, CrossEncoderReranker) and r.model_name == "trained:"
-    assert r.precision == "fp32" and r.fuse_method == "linear" and r.top_n == 20
+    assert r.precision == "auto" and r.backend == "auto" and r.fuse_method == "linear" and r.top_n == 20
     assert hasattr(r.train["corpus"], "parts")
     assert r.train["labelled"].split.part == "train"
 
@@ -402,5 +402,5 @@ def test_the_onnx_backend_scores_as_torch_does(tmp_path: Path):
     assert list((tmp_path / "cache" / "onnx_cross_encoder").iterdir()), "exported into the artifact cache"
     with pytest.raises(RagError, match="reranker.backend=onnx runs in fp32"):
         CrossEncoderReranker(model=str(model_dir), backend="onnx", precision="bf16")
-    with pytest.raises(RagError, match=r"reranker.backend must be one of torch, onnx, got 'tensorrt'"):
+    with pytest.raises(RagError, match=r"reranker.backend must be one of auto, torch, onnx, got 'tensorrt'"):
         CrossEncoderReranker(model=str(model_dir), backend="tensorrt")

@@ -11,26 +11,50 @@ its own, and the scores are recorded in the artifact cache under the model and i
 cross-encoder's order with the first stage's order (see `fuse_scores`); `label_passages` puts each
 chunk's document label before its text, as the trained model saw its passages (null: as the model
 was trained, read from its reranker.json; other models: no labels).
+
+`backend` and `precision` (`auto`, the default, for both) say what computes the logits: torch fp32,
+torch bf16 autocast or ONNX Runtime fp32. Under `auto` the fastest candidate whose order agrees with
+fp32's is measured once per machine, model and library versions (rag/reranker/backend_choice.py),
+unless the scores of the first question's candidates are already recorded under fp32 (the demo's
+seed, an earlier run): then fp32, so that nothing recorded is scored again.
 """
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 
+from rag.cache import make_key
+from rag.embedder.backend_choice import (
+    REFERENCE,
+    Candidate,
+    Choice,
+    cpu_flags,
+    machine_candidates,
+    machine_facts,
+    onnx_available,
+)
 from rag.models import model_fingerprint, resolve_model
+from rag.reranker import backend_choice
 from rag.reranker.logits import predict_logits
-from rag.reranker.pointwise import PointwiseReranker
+from rag.reranker.pointwise import SCORES, PointwiseReranker
 from rag.schema import Device, PositiveInt, checked, string
-from rag.types import QAItem, RagError
+from rag.types import Chunk, Hits, QAItem, RagError
 
 log = logging.getLogger(__name__)
 
 TRAINED = "trained:"
-BACKENDS = ("torch", "onnx")  # onnx: the forward pass on ONNX Runtime (rag/reranker/onnx.py), fp32
+BACKENDS = ("auto", "torch", "onnx")  # onnx: the forward pass on ONNX Runtime (rag/reranker/onnx.py), fp32
+PRECISIONS = ("auto", "fp32", "bf16")
+PROBE_KIND = "reranker_probe"  # one probe's measurements, in the artifact cache
+PROBE_FILE = "probe.json"
+PROBE_VERSION = 1  # bump when the probe measures differently
 
 
 @functools.lru_cache(maxsize=4)
@@ -56,13 +80,11 @@ class CrossEncoderReranker(PointwiseReranker):
         train: dict[str, Any] | None = None,
         fuse: dict[str, Any] | None = None,
         label_passages: bool | None = None,
-        precision: str = "fp32",
+        precision: Annotated[str, string(choices=PRECISIONS)] = "fp32",
         backend: Annotated[str, string(choices=BACKENDS)] = "torch",
     ):
         self.set_fuse(fuse)
-        if precision not in ("fp32", "bf16"):
-            raise RagError(f"reranker.precision must be fp32 or bf16, got {precision!r}")
-        if backend == "onnx" and precision != "fp32":
+        if backend == "onnx" and precision == "bf16":
             raise RagError("reranker.backend=onnx runs in fp32: set reranker.precision=fp32 (or backend=torch for bf16)")
         self.backend = backend
         self._onnx: Any = None  # the ONNX Runtime scorer (backend=onnx), made when the model loads
@@ -75,6 +97,8 @@ class CrossEncoderReranker(PointwiseReranker):
         self.device = device
         self.train = dict(train or {})
         self._model: Any = None
+        self._path: str | None = None
+        self._choice: Choice | None = None  # the backend computing the logits, settled when the model loads
         self.artifact: Any = None  # the cross_encoder artifact, for `trained:`
         # what the recorded scores depend on besides the texts (made exact when the model loads)
         self._identity: dict[str, Any] = {"model": self.model_name, "max_length": self.max_length, "precision": precision,
@@ -89,40 +113,167 @@ class CrossEncoderReranker(PointwiseReranker):
 
     def model_path(self) -> str:
         """The folder or hub id to load; trains the `trained:` model when it is not cached."""
+        if self._path is not None:
+            return self._path
         if self.model_name == TRAINED:
             from rag.reranker.training.artifact import build_trained_model, fitted_on
 
             self.artifact = build_trained_model(self.train, self.cache)
             self.fitted_on = fitted_on(self.artifact)
             log.info("cross-encoder %s: %s", "cached" if self.artifact.hit else "trained", self.artifact.path)
-            return str(self.artifact.path)
-        return resolve_model(self.model_name, "reranker").path
+            self._path = str(self.artifact.path)
+        else:
+            self._path = resolve_model(self.model_name, "reranker").path
+        if self.label_passages is None:
+            from rag.reranker.training.artifact import reranker_info
+
+            local = Path(self._path)
+            self.label_passages = bool(local.is_dir() and reranker_info(local).get("label_passages", False))
+        return self._path
+
+    def identity_for(self, candidate: Candidate) -> dict[str, Any]:
+        """What the recorded scores depend on besides the texts, computed by `candidate`: a trained
+        model by its files' checksums, so that its recorded scores hold in every cache (and in the
+        shipped seed); another local folder by names, sizes and mtimes."""
+        path = self.model_path()
+        files = self.artifact.content_digest() if self.artifact is not None else model_fingerprint(path)
+        return {"model": self.artifact.key if self.artifact is not None else path, "files": files,
+                "max_length": self.max_length, "precision": candidate.precision, "backend": candidate.backend}
+
+    def allowed(self, flags: frozenset[str]) -> list[Candidate]:
+        """The candidates of this machine that the settings allow, torch fp32 first."""
+        return [c for c in machine_candidates(flags, onnx_available())
+                if self.backend in ("auto", c.backend) and self.precision in ("auto", c.precision)]
+
+    @property
+    def backend_note(self) -> dict[str, Any] | None:
+        """Which backend computed the logits and why (metrics.json `backends`), once settled."""
+        return self._choice.to_json() if self._choice is not None else None
 
     @property
     def model(self) -> Any:
         if self._model is None:
             path = self.model_path()
-            if self.label_passages is None:
-                from rag.reranker.training.artifact import reranker_info
-
-                local = Path(path)
-                self.label_passages = bool(local.is_dir() and reranker_info(local).get("label_passages", False))
             from rag.reranker.training.fit import use_bf16
 
             model = load_cross_encoder(path, self.max_length, self.device)
-            if self.backend == "onnx":
-                from rag.reranker.onnx import export_cross_encoder, load_scorer
-
-                self._onnx = load_scorer(str(export_cross_encoder(model, path, self.max_length, self.cache)))
+            if self._choice is None:
+                self._choice = self._choose(model, path)
+            chosen = self._choice.candidate
+            if chosen.backend == "onnx":
+                self._onnx = self._onnx_scorer(model, path)
             self._model = model
-            self._bf16 = use_bf16(self.precision, self.device)
-            # a trained model by its files' checksums, so that its recorded scores hold in every
-            # cache (and in the shipped seed); another local folder by names, sizes and mtimes
-            files = self.artifact.content_digest() if self.artifact is not None else model_fingerprint(path)
-            self._identity = {"model": self.artifact.key if self.artifact is not None else path,
-                              "files": files, "max_length": self.max_length,
-                              "precision": "bf16" if self._bf16 else "fp32", "backend": self.backend}
+            self._bf16 = use_bf16(chosen.precision, self.device)
+            self._identity = self.identity_for(Candidate(chosen.backend, "bf16" if self._bf16 else "fp32"))
         return self._model
+
+    def _onnx_scorer(self, model: Any, path: str) -> Any:
+        from rag.reranker.onnx import export_cross_encoder, load_scorer
+
+        return load_scorer(str(export_cross_encoder(model, path, self.max_length, self.cache)))
+
+    # ---- the backend (`auto`) ------------------------------------------------------------------
+
+    def _choose(self, model: Any, path: str) -> Choice:
+        allowed = self.allowed(cpu_flags())
+        if self.device != "cpu":
+            pinned = Candidate("onnx" if self.backend == "onnx" else "torch", "bf16" if self.precision == "bf16" else "fp32")
+            return Choice(pinned, f" (device {self.device}: backend=auto measures CPU backends only)")
+        if self.backend != "auto" and self.precision != "auto":
+            return Choice(Candidate(self.backend, self.precision),
+                          f" (pinned: backend={self.backend}, precision={self.precision})")
+        if not allowed:
+            raise RagError(f"reranker: backend={self.backend} precision={self.precision} cannot run on this machine "
+                           "(bf16 needs a CPU with native bf16, onnx needs onnxruntime)")
+        if len(allowed) == 1:
+            return Choice(allowed[0], ": the only candidate the settings allow here")
+        from rag.embedder import probe
+
+        try:
+            passages, questions = probe.probe_texts()
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("reranker: backend=auto cannot read its probe texts %s (%s); running torch fp32",
+                        probe.probe_file(), e)
+            return Choice(REFERENCE, f": no probe (its texts {probe.probe_file()} are unreadable)")
+        pools = backend_choice.probe_pairs(passages, questions[:backend_choice.QUESTIONS], backend_choice.POOL)
+        record = self._probe_record(model, path, pools)
+        measured = [m for name, d in record["candidates"].items()
+                    for m in [backend_choice.Measured.from_json(name, d)] if m.candidate in allowed]
+        best = backend_choice.choose(measured)
+        why = backend_choice.explain(best, measured, record["machine"].get("bf16"), record["date"])
+        return Choice(best.candidate, why, {**{k: record[k] for k in ("date", "pairs", "seconds")},
+                                            "candidates": {m.candidate.name: m.to_json() for m in measured}})
+
+    def _probe_record(self, model: Any, path: str, pools: list[list[tuple[str, str]]]) -> dict[str, Any]:
+        """Every candidate of this machine measured once per machine, model and library versions."""
+        import torch
+
+        flags = cpu_flags()
+        candidates = machine_candidates(flags, onnx_available())
+        params = {"probe": PROBE_VERSION, **self.identity_for(REFERENCE), "batch_size": self.batch_size,
+                  "candidates": [c.name for c in candidates], "pairs": sum(map(len, pools)),
+                  "machine": machine_facts(flags, torch.get_num_threads())}
+        params.pop("precision"), params.pop("backend")
+
+        def build(tmp: Path) -> dict[str, Any]:
+            log.info("reranker: measuring %s for backend=auto on this machine (once per machine, model and library "
+                     "versions; %d pairs)", ", ".join(c.name for c in candidates), params["pairs"])
+            scorers: dict[Candidate, backend_choice.Score] = {}
+            for c in candidates:
+                if c.backend == "onnx":
+                    try:
+                        scorer = self._onnx_scorer(model, path)
+                    except RagError as e:
+                        log.warning("reranker: %s is no candidate here: %s", c.name, e)
+                        continue
+                    scorers[c] = functools.partial(self._onnx_logits, scorer, model)
+                else:
+                    scorers[c] = functools.partial(predict_logits, model, batch_size=self.batch_size,
+                                                   bf16=c.precision == "bf16")
+            t0 = time.perf_counter()
+            measured = backend_choice.measure(scorers, pools)
+            ref = next(m for m in measured if m.candidate == REFERENCE)
+            log.info("reranker: probe: %s", "; ".join(
+                f"{m.candidate.name} {m.rate:.1f} pairs/s ({m.rate / ref.rate:.2f}x), top-{backend_choice.TOP} "
+                f"overlap {m.overlap:.3f}, logits within {m.max_diff:.2g}" for m in measured))
+            record = {"date": time.strftime("%Y-%m-%d"), "machine": params["machine"], "pairs": params["pairs"],
+                      "seconds": round(time.perf_counter() - t0, 1),
+                      "candidates": {m.candidate.name: m.to_json() for m in measured}}
+            (tmp / PROBE_FILE).write_text(json.dumps(record, indent=2))
+            return {}
+
+        art = self.cache.get_or_build(PROBE_KIND, make_key(PROBE_KIND, params), build, inputs=params)
+        return dict(json.loads(art.file(PROBE_FILE).read_text()))
+
+    def _onnx_logits(self, scorer: Any, model: Any, pairs: list[tuple[str, str]]) -> np.ndarray:
+        if not pairs:
+            return np.zeros(0, np.float32)
+        return np.concatenate([scorer.logits(model, pairs[i:i + self.batch_size])
+                               for i in range(0, len(pairs), self.batch_size)])
+
+    def prefer_recorded(self, query: str, passages: list[str]) -> None:
+        """Under `auto`, before the model loads: torch fp32 when its scores of these passages are
+        already recorded (nothing is measured, nothing recorded is scored again)."""
+        if self._choice is not None or self._model is not None or self.device != "cpu" or not passages:
+            return
+        if self.backend not in ("auto", "torch") or self.precision not in ("auto", "fp32"):
+            return
+        if self.backend != "auto" and self.precision != "auto":
+            return
+        saved, self._identity = self._identity, self.identity_for(REFERENCE)
+        try:
+            found = self.cache.get_record(SCORES, self.scores_key(query, passages)) is not None
+        finally:
+            self._identity = saved
+        if found:
+            self._choice = Choice(REFERENCE, ": its scores of these candidates were already recorded (nothing measured)")
+
+    def rerank(self, queries: list[str], hits: Hits, chunks: Sequence[Chunk], k: int, reuse: bool = True) -> Hits:
+        if reuse and hits.n_queries and self._model is None:
+            self.model_path()  # settles label_passages
+            head = [int(i) for i in hits.ids[0] if i >= 0][: self.top_n]
+            self.prefer_recorded(queries[0], [self.passage(chunks[i]) for i in head])
+        return super().rerank(queries, hits, chunks, k, reuse)
 
     def check_questions(self, questions: list[QAItem]) -> None:
         """A `trained:` model learnt from the train part of `train.labelled`: a run must not score
@@ -143,7 +294,12 @@ class CrossEncoderReranker(PointwiseReranker):
                 "(qa.split.part=test, qa=heldout, the default slice) or rerank otherwise (reranker=mmr)")
 
     def warm_up(self) -> None:
-        self.model  # noqa: B018 (loads, and trains `trained:` if needed)
+        """Loads the model (training `trained:` if needed); under `auto` the backend is settled at the
+        first scoring, once `rerank` has looked for recorded fp32 scores."""
+        if self._choice is None and "auto" in (self.backend, self.precision):
+            load_cross_encoder(self.model_path(), self.max_length, self.device)
+        else:
+            self.model  # noqa: B018
 
     # ---- scoring -------------------------------------------------------------------------------
 
@@ -153,12 +309,11 @@ class CrossEncoderReranker(PointwiseReranker):
             return np.zeros(0, np.float32)
         model = self.model  # loads first: that settles bf16 and the ONNX session
         if self._onnx is not None:
-            return np.concatenate([self._onnx.logits(model, pairs[i:i + self.batch_size])
-                                   for i in range(0, len(pairs), self.batch_size)])
+            return self._onnx_logits(self._onnx, model, pairs)
         return predict_logits(model, pairs, self.batch_size, self._bf16)
 
     def score_passages(self, query: str, passages: list[str]) -> np.ndarray:
         return self.score([(query, p) for p in passages])
 
     def before_rerank(self) -> None:
-        self.model  # noqa: B018 (settles label_passages before the passages are made)
+        self.model  # noqa: B018 (settles label_passages, the backend and so the scores' key, before any is made)
