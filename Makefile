@@ -203,6 +203,7 @@ bench: setup
 	$(PYTHON) -m benchmarks --only alpha_sweep --only grid_sweep --only demo --out outputs/bench
 	$(PYTHON) -m benchmarks --out outputs/bench/families $(BENCH_FLAGS)
 	$(PYTHON) -m benchmarks --only xdomain --out outputs/bench/xdomain
+	$(PYTHON) -m benchmarks --only own_data --out outputs/bench/own_data
 	$(PYTHON) -m benchmarks --headline --out outputs/bench
 
 clean:

@@ -39,6 +39,7 @@ FAMILIES = {
     "reranking": "benchmarks.reranking:bench_reranking",
     "demo": "benchmarks.demo:bench_demo",
     "xdomain": "benchmarks.xdomain:bench_xdomain",
+    "own_data": "benchmarks.own_data:bench_own_data",
 }
 # Families a plain (quick) run leaves out, because the quick run must stay under 30 minutes on 2
 # cores: ray_encoding needs an optional extra and starts a cluster; generation loads the LLM on
@@ -46,12 +47,14 @@ FAMILIES = {
 # or --only runs them.
 # retrieval_latency embeds the whole `mixed` corpus when its vectors are not cached (~7 min);
 # reranking trains the cross-encoder when it is not cached (~4 min) and reranks 382 questions (~4 min).
-# xdomain runs v1..v4 and three ablations on three corpora (21 runs, 80 min with an empty cache).
-OPT_IN = {"ray_encoding", "generation", "serving", "served_models", "retrieval_latency", "reranking", "xdomain"}
+# xdomain runs v1..v4 and three ablations on three corpora (21 runs, 80 min with an empty cache);
+# own_data runs v1..v4 twice on one of them with an empty cache (about 10 min).
+OPT_IN = {"ray_encoding", "generation", "serving", "served_models", "retrieval_latency", "reranking", "xdomain",
+          "own_data"}
 # The sweep costs, the demo's time and the cross-domain bed run only when named (--only), --full
 # included: `make bench` runs them on their own (the first two into outputs/bench before the
 # families, outputs/bench/families; xdomain after them, into outputs/bench/xdomain).
-SWEEPS = {"alpha_sweep", "grid_sweep", "demo", "xdomain"}
+SWEEPS = {"alpha_sweep", "grid_sweep", "demo", "xdomain", "own_data"}
 
 
 class _Registry(Mapping[str, Callable[..., dict[str, Any]]]):

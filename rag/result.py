@@ -75,8 +75,9 @@ class RunResult:
     # "llm.max_tokens", "value": 64} (rag.llm.base.Stopped). None: absent (no answers, a generator
     # without a limit, or a run from before it was recorded).
     stopped_answers: dict[str, Any] | None = None
-    # Which backend computed each local embedder role's vectors and why: {"embedder" |
-    # "eval.embedder": {"backend", "precision", "line", "probe"?}} (rag.embedder.backend_choice).
+    # Which backend computed each local embedder role's vectors and the cross-encoder's logits, and
+    # why: {"embedder" | "eval.embedder" | "reranker": {"backend", "precision", "line", "probe"?}}
+    # (rag.embedder.backend_choice, rag.reranker.backend_choice).
     # None: absent (no such role, or a run from before it was recorded).
     backends: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this code does not know, kept as read

@@ -29,7 +29,7 @@ def test_registry_functions_take_quick_and_full():
     assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "medline", "ray_encoding",
                              "generation", "serving", "served_models", "generation_speed", "openvino_generation",
                              "retrieval_latency", "alpha_sweep",
-                             "grid_sweep", "reranking", "demo", "xdomain"}
+                             "grid_sweep", "reranking", "demo", "xdomain", "own_data"}
     for fn in REGISTRY.values():
         params = inspect.signature(fn).parameters
         assert list(params)[:2] == ["quick", "full"] and "tiny" in params
@@ -298,7 +298,7 @@ def test_a_plain_run_leaves_out_the_sweeps(tmp_path, monkeypatch):
     for flags in ([], ["--full"]):
         ran.clear()
         assert cli.main(["--out", str(tmp_path), *flags]) == 0
-        assert ran and not {"alpha_sweep", "grid_sweep", "demo", "xdomain"} & set(ran)
+        assert ran and not {"alpha_sweep", "grid_sweep", "demo", "xdomain", "own_data"} & set(ran)
     assert "serving" in ran  # --full adds the opt-in families, not the sweeps
 
 
@@ -497,3 +497,18 @@ def test_openvino_generation_benchmark_reports_the_speedup_and_the_answer_differ
     assert 0 <= res["openvino_identical_share"] <= 1
     assert set(res["answer_differences"]) == {"answer_gt", "grounding", "hallucination"}
     assert all("p_holm" in d for d in res["answer_differences"].values())
+
+
+@pytest.mark.heavy
+def test_own_data_times_a_cold_sweep_per_stage_with_backends_pinned_and_auto(tmp_path):
+    from benchmarks import own_data
+
+    res = own_data.bench_own_data(tiny=True, work_dir=tmp_path)
+    _check_table(res)
+    for side in ("pinned", "auto"):
+        s = res["sides"][side]
+        assert s["wall_s"] > 0 and s["stages_s"]["embed"] >= 0 and set(s["retrieval"]) == {"v1", "v3"}
+        assert 0 <= s["latency_share"] < 1
+    assert res["sides"]["pinned"]["backends"]["v3"]["reranker"] == "torch fp32 (pinned: backend=torch, precision=fp32)"
+    assert res["sides"]["auto"]["backends"]["v3"]["reranker"].startswith(("torch", "onnx"))
+    assert res["same_retrieval"] is (res["sides"]["pinned"]["retrieval"] == res["sides"]["auto"]["retrieval"])
