@@ -29,7 +29,7 @@ from benchmarks.xdomain_data import ROOT
 from rag.result import RunResult
 
 CORPUS = "postgresql"
-GROUPS = (("v1", "v2"), ("v3", "v4"))  # without and with the cross-encoder
+GROUPS: tuple[tuple[str, ...], ...] = (("v1", "v2"), ("v3", "v4"))  # without and with the cross-encoder
 PINNED = ["embedder.backend=onnx", "embedder.precision=fp32", "eval.embedder.backend=torch"]
 PINNED_RERANKER = ["reranker.backend=torch", "reranker.precision=fp32"]
 SIDES = ("pinned", "auto")
