@@ -31,7 +31,9 @@ from rag.result import RunResult
 CORPUS = "postgresql"
 GROUPS: tuple[tuple[str, ...], ...] = (("v1", "v2"), ("v3", "v4"))  # without and with the cross-encoder
 PINNED = ["embedder.backend=onnx", "embedder.precision=fp32", "eval.embedder.backend=torch"]
-PINNED_RERANKER = ["reranker.backend=torch", "reranker.precision=fp32"]
+# The sweep's overrides are checked against the config before +version is applied: the reranker is
+# named so that its settings are known (v3 and v4 both rerank with it).
+PINNED_RERANKER = ["reranker=cross_encoder", "reranker.backend=torch", "reranker.precision=fp32"]
 SIDES = ("pinned", "auto")
 RETRIEVAL = ("ndcg_at_k", "mrr_id", "hit_at_k_id", "recall_at_k", "mrr")
 
