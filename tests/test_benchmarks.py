@@ -211,7 +211,7 @@ def test_generation_answer_quality_pairs_each_variant_with_the_cpu():
     assert q["cuda_4bit"]["answer_gt"] < 0.5 and q["cuda_4bit"]["answer_gt_diff_ci"][1] < 0
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_onnx_reports_the_default_embedders_pick_against_torch_fp32_and_the_gemm_ceilings():
     pytest.importorskip("onnxruntime")
     from benchmarks.onnx_backend import bench_onnx
@@ -227,7 +227,7 @@ def test_onnx_reports_the_default_embedders_pick_against_torch_fp32_and_the_gemm
     assert ("torch_bf16" in speed["names"]) == ("bf16" in speed["gemm_gflops"])
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_retrieval_latency_tiny(tmp_path):
     from benchmarks.retrieval_latency import bench_retrieval_latency
     from tests.conftest import TINY_DOCS, TINY_QA, write_jsonl
@@ -374,8 +374,7 @@ def test_grid_sweep_tiny(tmp_path, monkeypatch):
     assert not (tmp_path / "caches" / "grid-runs").exists()  # the cold caches are removed again
 
 
-@pytest.mark.heavy
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_reranking_tiny_trains_the_cross_encoder_and_compares_each_v3_with_v2(tmp_path):
     """Real processes end to end: a seconds-long model trained by `python -m rag.reranker.training`,
     then v2, v3 and v3 with that model run by `python run.py` and compared question by question."""
@@ -393,7 +392,7 @@ def test_reranking_tiny_trains_the_cross_encoder_and_compares_each_v3_with_v2(tm
     assert dev["n_tests"] == len(dev["diffs"])
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_demo_tiny_times_the_demo_cold_then_warm(tmp_path):
     from benchmarks.demo import bench_demo
 
@@ -499,7 +498,7 @@ def test_openvino_generation_benchmark_reports_the_speedup_and_the_answer_differ
     assert all("p_holm" in d for d in res["answer_differences"].values())
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_own_data_times_a_cold_sweep_per_stage_with_backends_pinned_and_auto(tmp_path):
     from benchmarks import own_data
 

@@ -220,9 +220,10 @@ def test_served_embeddings_are_the_in_process_vectors(infinity):
 
 def test_a_served_v3_ranks_as_the_in_process_v3(infinity, data, root):
     """embedder=openai and reranker=http against the same models in process: the same top k for
-    every question (the cross-encoder's order is fused by RRF, which reads only ranks, so
+    every question (both sides fuse the cross-encoder's order by RRF, which reads only ranks, so
     Infinity's sigmoid of the logits changes nothing), with the servers' tokens counted."""
-    base = overrides(data, root / "cache-v3-local", "reranker=cross_encoder", "llm=none")
+    base = overrides(data, root / "cache-v3-local", "reranker=cross_encoder", "llm=none", "reranker.fuse.method=rrf",
+                     "reranker.fuse.weight=0.7")
     local = run_overrides(base, root / "v3-local")
     served_ov = overrides(
         data, root / "cache-v3-served", "llm=none", "embedder=openai", f"embedder.base_url={infinity.base_url}",
