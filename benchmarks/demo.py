@@ -23,7 +23,8 @@ from benchmarks.sweeps import run_process
 from rag.result import RunResult
 
 
-def _jobs(sweep_dir: Path) -> dict[str, RunResult]:
+def jobs_by_variant(sweep_dir: Path) -> dict[str, RunResult]:
+    """A finished sweep's jobs, by their variant (v1..v4)."""
     return {r.variant: r for r in (RunResult.read(m) for m in sorted(sweep_dir.glob("*/metrics.json")))}
 
 
@@ -48,7 +49,7 @@ def bench_demo(quick: bool = True, full: bool = False, tiny: bool = False, overr
             if side != "warm":
                 shutil.rmtree(cache, ignore_errors=True)  # each cold side starts from an empty cache
             res = run_process(args, sweep_dir, cache, overrides, multirun=True, seed=side != "cold_unseeded")
-            jobs = _jobs(sweep_dir)
+            jobs = jobs_by_variant(sweep_dir)
             out[f"demo_{side}_s"] = res["wall_s"]
             out[f"{side}_stages_s"] = {v: j.timings_s for v, j in jobs.items()}
             out[f"{side}_objective"] = {v: j.objective.value for v, j in jobs.items()}

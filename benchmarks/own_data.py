@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import finish, row, scratch_dir, start
+from benchmarks.demo import jobs_by_variant
 from benchmarks.sweeps import run_process
 from benchmarks.xdomain import tiny_bed
 from benchmarks.xdomain_data import ROOT
@@ -41,10 +42,6 @@ RETRIEVAL = ("ndcg_at_k", "mrr_id", "hit_at_k_id", "recall_at_k", "mrr")
 def corpus_overrides(root: Path = ROOT, name: str = CORPUS) -> list[str]:
     return ["corpus=jsonl", f"corpus.path={root / name / 'docs.jsonl'}", "qa=jsonl",
             f"qa.path={root / name / 'questions.jsonl'}"]
-
-
-def _jobs(sweep_dir: Path) -> dict[str, RunResult]:
-    return {r.variant: r for r in (RunResult.read(m) for m in sorted(sweep_dir.glob("*/metrics.json")))}
 
 
 def stage_sums(jobs: dict[str, RunResult]) -> dict[str, float]:
@@ -87,7 +84,7 @@ def bench_own_data(quick: bool = True, full: bool = False, tiny: bool = False, o
                 shutil.rmtree(sweep_dir, ignore_errors=True)
                 res = run_process([*args, f"+version={','.join(group)}", *pins], sweep_dir, cache, extra, multirun=True)
                 wall += res["wall_s"]
-                jobs.update(_jobs(sweep_dir))
+                jobs.update(jobs_by_variant(sweep_dir))
             stages = stage_sums(jobs)
             total = sum(stages.values())
             out["sides"][side] = {

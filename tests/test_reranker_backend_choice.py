@@ -14,7 +14,8 @@ from rag.cache import ArtifactCache
 from rag.embedder.backend_choice import ONNX_FP32, REFERENCE, TORCH_BF16
 from rag.reranker import backend_choice
 from rag.reranker.backend_choice import MIN_OVERLAP, Measured, choose, explain, measure, probe_pairs
-from rag.reranker.cross_encoder import PROBE_FILE, PROBE_KIND, CrossEncoderReranker
+from rag.embedder.probe import PROBE_FILE
+from rag.reranker.cross_encoder import PROBE_KIND, CrossEncoderReranker
 from rag.types import Chunk, Hits
 
 

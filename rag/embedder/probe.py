@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
+from rag.cache import ArtifactCache, make_key
 from rag.config import data_dir
 from rag.embedder.backend_choice import REFERENCE, TOP, Candidate, Measured
 
@@ -28,6 +30,33 @@ SPEED_PASSAGES = 32  # encoded ROUNDS times by each candidate for its rate
 ROUNDS = 3
 
 Encode = Callable[[list[str]], np.ndarray]
+PROBE_FILE = "probe.json"  # a probe's record in its cache entry
+
+
+class _Measured(Protocol):
+    @property
+    def candidate(self) -> Candidate: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def recorded_probe(cache: ArtifactCache, kind: str, params: Mapping[str, Any],
+                   run: Callable[[], Sequence[_Measured]], fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A probe's record, measured by `run` once per `params` (what its result depends on, `machine`
+    among them) and kept in `cache` under `kind`; parallel jobs wait for one. The record holds the
+    date, the machine, `fields`, the seconds it took and each candidate's measurements."""
+
+    def build(tmp: Path) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        measured = run()
+        record = {"date": time.strftime("%Y-%m-%d"), "machine": params["machine"], **fields,
+                  "seconds": round(time.perf_counter() - t0, 1),
+                  "candidates": {m.candidate.name: m.to_json() for m in measured}}
+        (tmp / PROBE_FILE).write_text(json.dumps(record, indent=2))
+        return {}
+
+    art = cache.get_or_build(kind, make_key(kind, params), build, inputs=params)
+    return dict(json.loads(art.file(PROBE_FILE).read_text()))
 
 
 def probe_file() -> Path:

@@ -22,7 +22,6 @@ import contextlib
 import functools
 import json
 import logging
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -59,7 +58,6 @@ BACKENDS = ("torch", "onnx", "auto")
 PRECISIONS = ("fp32", "bf16", "auto")
 QUANTIZATIONS = (None, "int8")
 PROBE_KIND = "embedder_probe"  # one probe's measurements, in the model cache (rag/embedder/probe.py)
-PROBE_FILE = "probe.json"
 PROBE_VERSION = 1  # bump when the probe measures differently
 
 
@@ -249,18 +247,10 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         """The probe of every candidate of this machine (the roles that allow fewer choose among
         them), measured once per machine, model and library versions; parallel jobs wait for one."""
         params = self._probe_params(flags, texts)
-
-        def build(tmp: Any) -> dict[str, Any]:
-            t0 = time.perf_counter()
-            measured = self.measure_backends(machine_candidates(flags, onnx_available()), *texts)
-            record = {"date": time.strftime("%Y-%m-%d"), "machine": params["machine"], "texts": params["texts"],
-                      "seconds": round(time.perf_counter() - t0, 1),
-                      "candidates": {m.candidate.name: m.to_json() for m in measured}}
-            (tmp / PROBE_FILE).write_text(json.dumps(record, indent=2))
-            return {}
-
-        art = self.cache.get_or_build(PROBE_KIND, make_key(PROBE_KIND, params), build, inputs=params)
-        return dict(json.loads(art.file(PROBE_FILE).read_text()))
+        return probe.recorded_probe(
+            self.cache, PROBE_KIND, params,
+            lambda: self.measure_backends(machine_candidates(flags, onnx_available()), *texts),
+            {"texts": params["texts"]})
 
     def recorded_choice(self) -> Choice | None:
         """The probe's pick when this machine's probe is already in the model cache (nothing is
@@ -275,7 +265,7 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         art = self.cache.lookup(PROBE_KIND, make_key(PROBE_KIND, params))
         if art is None:
             return None
-        return self._from_record(json.loads(art.file(PROBE_FILE).read_text()), self.allowed(flags))
+        return self._from_record(json.loads(art.file(probe.PROBE_FILE).read_text()), self.allowed(flags))
 
     def measure_backends(self, candidates: list[Candidate], passages: list[str], questions: list[str],
                          **kw: Any) -> list[Measured]:

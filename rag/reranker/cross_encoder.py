@@ -21,16 +21,14 @@ seed, an earlier run): then fp32, so that nothing recorded is scored again.
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 
-from rag.cache import make_key
+from rag.embedder import probe
 from rag.embedder.backend_choice import (
     REFERENCE,
     Candidate,
@@ -53,7 +51,6 @@ TRAINED = "trained:"
 BACKENDS = ("auto", "torch", "onnx")  # onnx: the forward pass on ONNX Runtime (rag/reranker/onnx.py), fp32
 PRECISIONS = ("auto", "fp32", "bf16")
 PROBE_KIND = "reranker_probe"  # one probe's measurements, in the artifact cache
-PROBE_FILE = "probe.json"
 PROBE_VERSION = 1  # bump when the probe measures differently
 
 
@@ -187,8 +184,6 @@ class CrossEncoderReranker(PointwiseReranker):
                            "(bf16 needs a CPU with native bf16, onnx needs onnxruntime)")
         if len(allowed) == 1:
             return Choice(allowed[0], ": the only candidate the settings allow here")
-        from rag.embedder import probe
-
         try:
             passages, questions = probe.probe_texts()
         except (OSError, ValueError, KeyError) as e:
@@ -215,7 +210,7 @@ class CrossEncoderReranker(PointwiseReranker):
                   "machine": machine_facts(flags, torch.get_num_threads())}
         params.pop("precision"), params.pop("backend")
 
-        def build(tmp: Path) -> dict[str, Any]:
+        def run() -> list[backend_choice.Measured]:
             log.info("reranker: measuring %s for backend=auto on this machine (once per machine, model and library "
                      "versions; %d pairs)", ", ".join(c.name for c in candidates), params["pairs"])
             scorers: dict[Candidate, backend_choice.Score] = {}
@@ -230,20 +225,14 @@ class CrossEncoderReranker(PointwiseReranker):
                 else:
                     scorers[c] = functools.partial(predict_logits, model, batch_size=self.batch_size,
                                                    bf16=c.precision == "bf16")
-            t0 = time.perf_counter()
             measured = backend_choice.measure(scorers, pools)
             ref = next(m for m in measured if m.candidate == REFERENCE)
             log.info("reranker: probe: %s", "; ".join(
                 f"{m.candidate.name} {m.rate:.1f} pairs/s ({m.rate / ref.rate:.2f}x), top-{backend_choice.TOP} "
                 f"overlap {m.overlap:.3f}, logits within {m.max_diff:.2g}" for m in measured))
-            record = {"date": time.strftime("%Y-%m-%d"), "machine": params["machine"], "pairs": params["pairs"],
-                      "seconds": round(time.perf_counter() - t0, 1),
-                      "candidates": {m.candidate.name: m.to_json() for m in measured}}
-            (tmp / PROBE_FILE).write_text(json.dumps(record, indent=2))
-            return {}
+            return measured
 
-        art = self.cache.get_or_build(PROBE_KIND, make_key(PROBE_KIND, params), build, inputs=params)
-        return dict(json.loads(art.file(PROBE_FILE).read_text()))
+        return probe.recorded_probe(self.cache, PROBE_KIND, params, run, {"pairs": params["pairs"]})
 
     def _onnx_logits(self, scorer: Any, model: Any, pairs: list[tuple[str, str]]) -> np.ndarray:
         if not pairs:
@@ -260,12 +249,7 @@ class CrossEncoderReranker(PointwiseReranker):
             return
         if self.backend != "auto" and self.precision != "auto":
             return
-        saved, self._identity = self._identity, self.identity_for(REFERENCE)
-        try:
-            found = self.cache.get_record(SCORES, self.scores_key(query, passages)) is not None
-        finally:
-            self._identity = saved
-        if found:
+        if self.cache.get_record(SCORES, self.scores_key(query, passages, self.identity_for(REFERENCE))) is not None:
             self._choice = Choice(REFERENCE, ": its scores of these candidates were already recorded (nothing measured)")
 
     def rerank(self, queries: list[str], hits: Hits, chunks: Sequence[Chunk], k: int, reuse: bool = True) -> Hits:

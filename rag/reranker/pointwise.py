@@ -90,11 +90,14 @@ class PointwiseReranker(UsesCache, Reranker):
     def before_rerank(self) -> None:
         """Optional: settle what the passages depend on (the cross-encoder's labels)."""
 
-    def scores_key(self, query: str, passages: list[str]) -> str:
+    def scores_key(self, query: str, passages: list[str], identity: dict[str, Any] | None = None) -> str:
+        """The record key of one question's scores of its passages, computed by this scorer (or by
+        the one `identity` names)."""
         h = hashlib.sha256()
         for p in passages:
             h.update(p.encode("utf-8", "surrogatepass") + b"\0")
-        return make_key(SCORES, self._identity, {"query": query, "passages": h.hexdigest()})
+        return make_key(SCORES, self._identity if identity is None else identity,
+                        {"query": query, "passages": h.hexdigest()})
 
     def recorded_scores(self, query: str, passages: list[str]) -> np.ndarray | None:
         """The scores recorded for these passages, or None (also rag.plan's: is a request due?)."""
