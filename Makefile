@@ -79,7 +79,7 @@ seed: setup
 	@# scores, which an auto embedder and an auto cross-encoder take from it on any machine.
 	RAGRIG_CACHE=outputs/seed-cache $(PYTHON) run.py -m sweep=demo paths.seed=null embedder.backend=onnx embedder.precision=fp32 \
 	    reranker.backend=torch reranker.precision=fp32
-	$(PYTHON) -m rag.seed outputs/seed-cache --out data/seed
+	$(PYTHON) -m rag.store.seed outputs/seed-cache --out data/seed
 
 # ruff (pyflakes and pycodestyle errors, pyproject.toml [tool.ruff.lint]) over the code and tests,
 # then mypy over the code (pyproject.toml [tool.mypy]: which packages, how strict); both at zero.
@@ -147,7 +147,7 @@ test-chroma: setup
 	$(PYTHON) -m pytest -q tests/test_chroma.py
 
 # Infinity (embeddings and /rerank for embedder=openai, reranker=http) in a virtual environment of
-# its own: it pins numpy<2, transformers<=5.0 and sentence-transformers<4 (rag/servers.py).
+# its own: it pins numpy<2, transformers<=5.0 and sentence-transformers<4 (rag/serving/servers.py).
 INFINITY := .venv-infinity/bin/infinity_emb
 infinity: $(INFINITY)
 $(INFINITY):

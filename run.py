@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from rag.config import register_resolvers
+from rag.config.compose import register_resolvers
 
 register_resolvers()
 log = logging.getLogger("ragrig")
@@ -81,9 +81,9 @@ def main(cfg: DictConfig) -> float:
     _task_started = True
     # Only light imports before the directory is claimed: a library logging as it loads (faiss)
     # would write run.log into a directory the run then refuses.
-    from rag import rundir
+    from rag.run import rundir
     from rag.logs import FILE_ONLY
-    from rag.secrets import redact
+    from rag.serving.secrets import redact
     from rag.types import RagError
 
     hc = HydraConfig.get()
@@ -109,10 +109,10 @@ def main(cfg: DictConfig) -> float:
                                   [redact(str(o)) for o in hc.overrides.task])
             return float("nan")
         sys.exit(2)
-    from rag.cache import storage_fault
-    from rag.output import format_table
-    from rag.pipeline import run
-    from rag.settings import load
+    from rag.store.cache import storage_fault
+    from rag.run.output import format_table
+    from rag.run.pipeline import run
+    from rag.run.settings import load
 
     _quiet_loaders()
     try:
@@ -123,7 +123,7 @@ def main(cfg: DictConfig) -> float:
             # Record the failure and let the other jobs of the sweep run.
             from experiments.tracking import job_failure, write_json
 
-            from rag.secrets import redacted_data
+            from rag.serving.secrets import redacted_data
 
             failure = redacted_data({**job_failure(e), "overrides": [str(o) for o in hc.overrides.task]})
             write_json(Path(output_dir) / "failure.json", failure)
@@ -153,10 +153,10 @@ def main(cfg: DictConfig) -> float:
 
 
 def _secret_line(cfg: DictConfig, overrides: list[str]) -> str | None:
-    """The refusal of a secret-looking value in the config or the overrides (rag.secrets), or None."""
+    """The refusal of a secret-looking value in the config or the overrides (rag.serving.secrets), or None."""
     from omegaconf import OmegaConf
 
-    from rag.secrets import config_problem
+    from rag.serving.secrets import config_problem
 
     plain = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(plain, dict), "a DictConfig becomes a dict"
@@ -165,10 +165,10 @@ def _secret_line(cfg: DictConfig, overrides: list[str]) -> str | None:
 
 def _hydra_record(cfg: DictConfig) -> dict[str, str]:
     """Hydra's record of the job (what it writes into .hydra/ unless `hydra.output_subdir` is null),
-    every string passed through rag.secrets.redact."""
+    every string passed through rag.serving.secrets.redact."""
     from omegaconf import OmegaConf
 
-    from rag.secrets import redacted_data
+    from rag.serving.secrets import redacted_data
 
     nodes = {"config.yaml": cfg, "hydra.yaml": HydraConfig.instance().cfg,
              "overrides.yaml": HydraConfig.get().overrides.task}
@@ -193,7 +193,7 @@ def _output_dir() -> str | None:
 def _storage_line(e: BaseException) -> str:
     """One line for a full, read-only or forbidden output directory (the cache's own faults are
     RagErrors naming paths.cache already)."""
-    from rag.cache import storage_fault
+    from rag.store.cache import storage_fault
 
     fault = storage_fault(e)
     if fault is None:  # the path itself is wrong (a file where the directory should be)
@@ -207,8 +207,8 @@ def cli() -> int:
     """`main` with the command line's error handling: Hydra's own configuration errors (an unknown
     group option, an override that does not parse or names no key) become one line and exit
     status 2 instead of Hydra's multi-line report; Ctrl-C is one line and 130."""
-    from rag.config import config_error_line, is_config_error
-    from rag.secrets import override_problem
+    from rag.config.compose import config_error_line, is_config_error
+    from rag.serving.secrets import override_problem
 
     # A secret on the command line is refused before Hydra sees it (--cfg would print it, a run
     # would record it); a secret in a config file is the callbacks' (experiments.callbacks).
@@ -221,7 +221,7 @@ def cli() -> int:
     try:
         main()
     except KeyboardInterrupt as e:
-        left = getattr(e, "left", None)  # rag.rundir.Unfinished: files were left to finish, and how
+        left = getattr(e, "left", None)  # rag.run.rundir.Unfinished: files were left to finish, and how
         if left:
             print(f"ragrig: interrupted; {left}", file=sys.stderr)
             return 130
@@ -232,7 +232,7 @@ def cli() -> int:
     except Exception as e:
         from hydra.errors import ConfigCompositionException, OverrideParseException
 
-        from rag.cache import storage_fault
+        from rag.store.cache import storage_fault
 
         hydra_error = isinstance(e, (ConfigCompositionException, OverrideParseException))
         # Before the task, Hydra makes the run directory and opens run.log in it; a read-only or
@@ -256,6 +256,6 @@ def cli() -> int:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli  # a closed pipe (| head) keeps the real exit status
+    from rag.config.cli import run_cli  # a closed pipe (| head) keeps the real exit status
 
     run_cli(cli)

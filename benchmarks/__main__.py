@@ -26,8 +26,8 @@ from typing import Any
 
 from benchmarks import OPT_IN, REGISTRY, SWEEPS, describe
 from benchmarks.common import environment, loadavg
-from rag.atomic import atomic_write_text
-from rag.config import PROJECT_ROOT
+from rag.store.atomic import atomic_write_text
+from rag.config.compose import PROJECT_ROOT
 
 log = logging.getLogger("ragrig.benchmarks")
 
@@ -95,8 +95,8 @@ def check_setup(out: Path, overrides: list[str]) -> str | None:
     if not overrides:
         return None
     from benchmarks.common import compose
-    from rag.config import config_error_line, is_config_error
-    from rag.settings import validate
+    from rag.config.compose import config_error_line, is_config_error
+    from rag.run.settings import validate
     from rag.types import RagError
 
     try:
@@ -177,6 +177,6 @@ def headline(out: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+    from rag.config.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
 
     run_cli(main)

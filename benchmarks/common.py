@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 
 RESULT_MARK = "@@BENCH_RESULT@@"
 # Folders of the main artifact cache that a "cold" benchmark cache links to rather than rebuilds:
@@ -340,7 +340,7 @@ def structured_vectors(n: int, dim: int = 384, rank: int = 48, clusters: int = 2
 # -- real texts -----------------------------------------------------------------------------
 
 def pubmedqa_path() -> Path:
-    from rag.config import data_dir
+    from rag.config.compose import data_dir
 
     return data_dir() / "pubmedqa" / "ori_pqal.json"
 
@@ -356,8 +356,8 @@ def pubmedqa_chunks(n: int) -> list[str]:
     from omegaconf import DictConfig, OmegaConf
 
     from rag.corpus import PubMedQACorpus
-    from rag.session import create
-    from rag.settings import chunker_node
+    from rag.run.session import create
+    from rag.run.settings import chunker_node
 
     docs = PubMedQACorpus(pubmedqa_path()).load()
     node = OmegaConf.load(PROJECT_ROOT / "conf" / "chunker" / "sliding_window.yaml")
@@ -381,7 +381,7 @@ def compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from rag.config import register_resolvers
+    from rag.config.compose import register_resolvers
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
@@ -445,8 +445,8 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
 
 
 def run_pipeline_inprocess(overrides: list[str], out_dir: Path) -> dict[str, Any]:
-    """rag.pipeline.run in this process (models already loaded stay loaded): for tiny test runs."""
-    from rag.pipeline import run
+    """rag.run.pipeline.run in this process (models already loaded stay loaded): for tiny test runs."""
+    from rag.run.pipeline import run
 
     cfg = compose([*overrides, "embedder.show_progress=false"])
     t0 = time.perf_counter()

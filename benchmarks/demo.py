@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks.common import finish, row, scratch_dir, start, tiny_dataset
 from benchmarks.sweeps import run_process
-from rag.result import RunResult
+from rag.run.result import RunResult
 
 
 def jobs_by_variant(sweep_dir: Path) -> dict[str, RunResult]:

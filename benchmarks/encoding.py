@@ -29,7 +29,7 @@ def make_embedder(name: str = "minilm_torch", **overrides: Any) -> Any:
     """The embedder as a run builds it from `embedder=<name>` (composed, so a config that extends
     another works; progress bars off)."""
     from benchmarks.common import compose
-    from rag.session import create
+    from rag.run.session import create
 
     node = compose([f"embedder={name}"]).embedder
     node.show_progress = False
@@ -59,8 +59,8 @@ def texts_note(result: dict[str, Any]) -> str:
 
 
 def chunk_set_of(texts: list[str]) -> Any:
-    from rag.chunk_set import ChunkSet
-    from rag.cache import make_key
+    from rag.store.chunk_set import ChunkSet
+    from rag.store.cache import make_key
     from rag.types import Chunk
 
     h = hashlib.sha256("\0".join(texts).encode()).hexdigest()
@@ -103,7 +103,7 @@ def _sum_work(parts: list[dict[str, Any]]) -> dict[str, Any]:
 def cache_hits(cache: Any, chunk_set: Any, repeats: int = 5) -> tuple[list[float], bool, bool, Any]:
     """Artifacts.vectors with fresh embedders on a warm cache: (ms each, whether a model loaded,
     whether the vectors were a hit, load_sentence_transformer's cache info). No model may load."""
-    from rag.artifacts import Artifacts
+    from rag.run.artifacts import Artifacts
     from rag.embedder.sentence_transformer import load_sentence_transformer
 
     load_sentence_transformer.cache_clear()  # from here on, any model load would be a new call
@@ -142,8 +142,8 @@ def harness_vs_bare(embedder: Any, texts: list[str], blocks: int,
                     tmp: Path) -> tuple[list[list[str]], dict[str, float], dict[str, float], list[Any], float]:
     """Both sides on the same texts: (the parts, seconds and CPU seconds per side, the harness's
     (cache, chunk set) per part, the largest difference between their vectors)."""
-    from rag.artifacts import Artifacts
-    from rag.cache import ArtifactCache
+    from rag.run.artifacts import Artifacts
+    from rag.store.cache import ArtifactCache
 
     st = embedder.model
     # The texts in `blocks` parts; each part is encoded by both sides, in alternating order

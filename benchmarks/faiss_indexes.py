@@ -27,7 +27,7 @@ from benchmarks.common import (
     start,
     structured_vectors,
 )
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 
 INDEX_TYPES = ("flat_l2", "flat_ip", "hnsw", "ivf", "ivf_sq8", "ivf_pq", "ivf_pq_refine", "hnsw_sq8",
                "chroma")  # chroma: when the chroma extra is installed
@@ -39,7 +39,7 @@ FULL_ONLY = {("hnsw", 1_000_000): "HNSW build at 1M takes ~15-30 min on 2 cores"
 
 def make_index(name: str) -> Any:
     """The index exactly as a run builds it from conf/index/<name>.yaml."""
-    from rag.session import create
+    from rag.run.session import create
 
     return create(OmegaConf.load(PROJECT_ROOT / "conf" / "index" / f"{name}.yaml"))
 

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment, finish, ratio, row, run_mode, start
-from rag.atomic import atomic_write_text
-from rag.cache import ArtifactCache
-from rag.config import PROJECT_ROOT
-from rag.models import default_cache_root
+from rag.store.atomic import atomic_write_text
+from rag.store.cache import ArtifactCache
+from rag.config.compose import PROJECT_ROOT
+from rag.store.models import default_cache_root
 from rag.types import Context
 
 QA_FILE = PROJECT_ROOT / "data" / "qa" / "pytorch.jsonl"
@@ -278,6 +278,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+    from rag.config.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
 
     run_cli(main)

@@ -42,9 +42,9 @@ PROMPTS = ["reranker=mmr"]  # see the module's docstring
 
 def v3_prompts(n_per_corpus: int, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Questions, their v3 contexts and ground truths, `n_per_corpus` of each corpus."""
-    from rag.query import retrieve_rerank_all
-    from rag.session import open_session
-    from rag.settings import load
+    from rag.run.query import retrieve_rerank_all
+    from rag.run.session import open_session
+    from rag.run.settings import load
 
     cfg = compose(["+version=v3", *PROMPTS, "llm=none", "embedder.show_progress=false", *overrides])
     s = open_session(load(cfg))
@@ -170,7 +170,7 @@ def answer_scores(answers: list[str], prompts: dict[str, Any], tau_h: float = 0.
     """answer-GT, grounding and hallucination per question (eval/metrics.py, conf/eval's embedder)."""
     from eval import metrics as M
     from eval.scoring import ScoreSettings
-    from rag.session import create
+    from rag.run.session import create
 
     embedder = create(compose([]).eval.embedder)
     sep = ScoreSettings().context_separator

@@ -43,7 +43,7 @@ from benchmarks.common import (
     start,
 )
 from benchmarks.encoding import encode_flops, gemm_gflops, make_embedder
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.embedder.backend_choice import (
     MIN_COSINE,
     MIN_OVERLAP,
@@ -122,7 +122,7 @@ def speed_and_vectors(texts: list[str], cache_dir: Path, blocks: int, repeats: i
         for name in names:
             times[name] += best[name]
     full = {k: np.concatenate(v) for k, v in vecs.items()}
-    # One question at a time, as retrieval encodes them (rag.query.retrieve_rerank): latency, not throughput.
+    # One question at a time, as retrieval encodes them (rag.run.query.retrieve_rerank): latency, not throughput.
     questions = pubmedqa_questions(60)
     query_ms, q_vecs = {}, {}
     for name in names:

@@ -27,7 +27,7 @@ from benchmarks.demo import jobs_by_variant
 from benchmarks.sweeps import run_process
 from benchmarks.xdomain import tiny_bed
 from benchmarks.xdomain_data import ROOT
-from rag.result import RunResult
+from rag.run.result import RunResult
 
 CORPUS = "postgresql"
 GROUPS: tuple[tuple[str, ...], ...] = (("v1", "v2"), ("v3", "v4"))  # without and with the cross-encoder

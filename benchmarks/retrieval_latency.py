@@ -94,8 +94,8 @@ def bench_retrieval_latency(quick: bool = True, full: bool = False, tiny: bool =
                             full_corpus: bool = True) -> dict[str, Any]:
     """Per-question retrieval latency (p50/p95) on the full corpus: dense flat, dense HNSW, BM25 and
     hybrid through the harness, against FAISS and bm25s called directly on the same data."""
-    from rag.session import create, open_session
-    from rag.settings import load
+    from rag.run.session import create, open_session
+    from rag.run.settings import load
 
     clock = start()
     n_q = n_questions or {"tiny": 8, "quick": 200, "full": 400}[run_mode(tiny, full)]

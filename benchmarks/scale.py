@@ -3,7 +3,7 @@ path, against the 10M-chunk targets on this 2-core, 24 GB machine.
 
 Each size runs in fresh processes. First the inputs a researcher would bring (not timed as the
 build): clustered 384-d unit vectors written as float16 `vectors.npy` + `ids.txt`, as if encoded
-elsewhere. Then the build, through rag.artifacts as a run does it: documents streamed from a
+elsewhere. Then the build, through rag.run.artifacts as a run does it: documents streamed from a
 generator (Zipf text, one chunk each) into the chunk store, `embedder=precomputed` copying the
 vectors into the cache by chunk id, IVF-PQ trained on a sample and filled from the file in
 batches, BM25 written by the streaming builder and memory-mapped. Then 150 questions, one at a
@@ -137,8 +137,8 @@ def build(n: int, workdir: str, stages: tuple[str, ...] = ("chunks", "vectors", 
           phases: list[dict[str, Any]] | None = None) -> tuple[Any, dict[str, Any]]:
     """The streaming build of `stages` (resumable: a killed build run again goes on from its
     finished shards), each as a timed phase; (artifacts, components)."""
-    from rag.artifacts import Artifacts
-    from rag.cache import ArtifactCache
+    from rag.run.artifacts import Artifacts
+    from rag.store.cache import ArtifactCache
 
     phases = [] if phases is None else phases
     p = parts(n, workdir)

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import compose, environment, finish, main_cache, ratio, row, start, tiny_dataset
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 
 
 def _inputs(cache: str, extra: list[str], n_texts: int, n_questions: int) -> tuple[list[str], list[str], list[list[str]]]:
-    from rag.session import open_session
-    from rag.settings import load
+    from rag.run.session import open_session
+    from rag.run.settings import load
 
     s = open_session(load(compose(["embedder.show_progress=false", f"paths.cache={cache}", *extra])))
     texts = s.chunk_set.texts[:n_texts]
@@ -49,12 +49,12 @@ def bench_served_models(quick: bool = True, full: bool = False, tiny: bool = Fal
     in-process models, at request concurrency 1 and 4."""
     from rag.embedder.openai import OpenAIEmbedder
     from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
-    from rag.concurrent import map_concurrent
+    from rag.serving.concurrent import map_concurrent
     from rag.endpoint import EndpointSettings
-    from rag.models import resolve_model
+    from rag.store.models import resolve_model
     from rag.reranker.http import HTTPReranker
-    from rag.servers import InfinityServer, infinity_executable
-    from rag.session import create
+    from rag.serving.servers import InfinityServer, infinity_executable
+    from rag.run.session import create
 
     clock = start()
     if infinity_executable() is None:

@@ -24,16 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import compose, environment, finish, main_cache, ratio, row, start, tiny_dataset
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.types import Context
 
 
 def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) -> tuple[Any, list[str], list[list[Context]]]:
     """(llm config, questions, contexts) of a v3 run on the default slice, retrieval artifacts
     from (or built into) the cache."""
-    from rag.query import retrieve_rerank_all
-    from rag.session import open_session
-    from rag.settings import load
+    from rag.run.query import retrieve_rerank_all
+    from rag.run.session import open_session
+    from rag.run.settings import load
 
     # MMR as in the generation benchmark: the contexts only feed the servers being measured
     cfg = compose(["+version=v3", "reranker=mmr", f"slice.questions_per_corpus={n_per_corpus}", f"paths.cache={cache}",
@@ -48,7 +48,7 @@ def v3_prompts(n_per_corpus: int, cache: str, extra: list[str] | None = None) ->
 
 def _in_process(llm_cfg: Any, batch_size: int, questions: list[str], contexts: list[list[Context]]) -> dict[str, Any]:
     from rag.llm.hf import HFGenerator
-    from rag.session import create
+    from rag.run.session import create
 
     gen: HFGenerator = create(llm_cfg)
     gen.batch_size = batch_size
@@ -146,7 +146,7 @@ def main() -> int:
     import argparse
     import json
 
-    from rag.atomic import atomic_write_text
+    from rag.store.atomic import atomic_write_text
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n-per-corpus", type=int, default=12)
@@ -167,6 +167,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+    from rag.config.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
 
     run_cli(main)

@@ -26,7 +26,7 @@ from benchmarks.common import (
     start,
     tiny_dataset,
 )
-from rag.result import RunResult
+from rag.run.result import RunResult
 
 ALPHAS = (0.1, 0.3, 0.5, 0.7, 0.9)
 ALPHA_BASE = ["retriever=hybrid", "fusion=weighted"]

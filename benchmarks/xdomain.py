@@ -31,7 +31,7 @@ from benchmarks.xdomain_data import ROOT, SOURCES
 from experiments.aggregate import load_run
 from experiments.stats import holm, paired_bootstrap
 from experiments.verdict import ALPHA, question_values
-from rag.atomic import atomic_write_text
+from rag.store.atomic import atomic_write_text
 
 CORPORA = tuple(sorted(SOURCES, key=lambda name: len(SOURCES[name].pages)))  # smallest first: results come sooner
 ROUTER_OFF = "retriever.source_filter.mode=none"

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
-from rag.atomic import atomic_write_text
-from rag.cli import HelpFormatter, run_cli
-from rag.config import PROJECT_ROOT
+from rag.store.atomic import atomic_write_text
+from rag.config.cli import HelpFormatter, run_cli
+from rag.config.compose import PROJECT_ROOT
 from rag.retriever.tokens import tokenize
 
 ROOT = PROJECT_ROOT / "data" / "xdomain"

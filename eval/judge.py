@@ -35,7 +35,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from rag.cache import ArtifactCache, make_key
+from rag.store.cache import ArtifactCache, make_key
 from rag.endpoint import EndpointSettings
 from rag.llm.chat_api import ChatEndpoint, EndpointError, map_concurrent
 from rag.llm.prompt import chat_messages

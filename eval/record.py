@@ -1,7 +1,7 @@
 """One question of a run: a line of per_question.jsonl, typed.
 
 `eval.scoring.score` builds a `QuestionRecord` per question (what was retrieved and every metric),
-`eval.scoring.add_judge_scores` adds the judge's verdicts, `rag.pipeline` adds what the run measured
+`eval.scoring.add_judge_scores` adds the judge's verdicts, `rag.run.pipeline` adds what the run measured
 around it (latency, the groups a router chose, generation details, the contexts the LLM was given),
 and `to_json()` is the line written. The report reads the file back through `from_json`, so the
 file's keys are named here and nowhere else.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.reply import BadReply, decode_reply
+from rag.serving.reply import BadReply, decode_reply
 from rag.types import RagError, Relevance
 
 # The keys of a record that are not metrics; every other key holding a number or null is one.
@@ -39,7 +39,7 @@ GENERATION_FIELDS = ("usage", "finish_reason", "served_model", "attempts", "from
 def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
     """The objects of a per_question.jsonl, one at a time, read strictly: the one reader of the
     file (the gate, compare, aggregate, pooling, validation and the Python API go through it).
-    ragrig writes no `NaN` or `Infinity` (rag.strict_json), so such a token, a number too large for
+    ragrig writes no `NaN` or `Infinity` (rag.store.strict_json), so such a token, a number too large for
     a float, or a line that is not a JSON object is a file ragrig did not write as it is: RagError
     `unreadable per_question.jsonl, line 2: ...`, never a value that compares as a win or a
     question dropped for want of one. Blank lines are skipped."""

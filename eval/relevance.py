@@ -23,9 +23,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rag.cache import ArtifactCache, make_key
+from rag.store.cache import ArtifactCache, make_key
 from rag.llm.base import Generator, generate_each
-from rag.schema import checked
+from rag.config.schema import checked
 from rag.types import Chunk, Context, RagError, Relevance
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class RelevanceJudge:
         self.endpoint = llm.endpoint
 
     def use_cache(self, cache: ArtifactCache) -> None:
-        from rag.models import use_cache
+        from rag.store.models import use_cache
 
         use_cache(self.llm, cache)
 

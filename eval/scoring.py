@@ -19,12 +19,12 @@ from eval import metrics as M
 from eval.labels import LABEL_METRICS, label_metrics
 from eval.record import JudgedMetric, QuestionRecord, RetrievedChunk
 from eval.stats import bootstrap_ci
-from rag.cache import ArtifactCache, MemoryTier, make_key
+from rag.store.cache import ArtifactCache, MemoryTier, make_key
 from rag.types import Chunk, Hits, QAItem, RagError, Relevance
 
 
 class MemoizedEncoder:
-    """The evaluation embedder's vectors, kept per text in a memory tier (rag.cache.MemoryTier,
+    """The evaluation embedder's vectors, kept per text in a memory tier (rag.store.cache.MemoryTier,
     table `eval_vectors`): the jobs of an in-process sweep score the same ground truths, mostly
     the same chunks, and (when only retrieval settings downstream of the contexts change) the same
     answers and contexts, and re-encoding them was the floor of every job's cost. Without a tier

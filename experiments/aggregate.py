@@ -4,7 +4,7 @@ A run directory is any directory holding `metrics.json` (a finished run) or `fai
 multirun job whose pipeline raised); a Hydra output directory (`.hydra/`) with neither is reported
 as failed too (the run never finished: killed, crashed, or a single run that exited on an error). Sweep directories and
 any parents of run directories are accepted, and runs from different days can be mixed. Under a
-stamped sweep directory (rag.rundir), only the jobs of its latest sweep count: job directories
+stamped sweep directory (rag.run.rundir), only the jobs of its latest sweep count: job directories
 left there by an earlier sweep into the same `hydra.sweep.dir` are skipped, and a job the sweep
 recorded as refused its directory (a user's file there, or another run in it) is a failed run.
 
@@ -29,8 +29,8 @@ import yaml
 
 from eval.record import iter_lines, read_lines
 from experiments import metric_info as MI
-from rag.result import RunResult
-from rag.rundir import belongs_to_sweep, read_sweep_stamp, refused_jobs
+from rag.run.result import RunResult
+from rag.run.rundir import belongs_to_sweep, read_sweep_stamp, refused_jobs
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ def with_refused(records: list[RunRecord], refused: list[RunRecord]) -> list[Run
 
 
 def refused_records(paths: list[Path] | list[str], found: list[Path]) -> list[RunRecord]:
-    """The jobs a sweep recorded as refused their directories (rag.rundir.record_refused: a
+    """The jobs a sweep recorded as refused their directories (rag.run.rundir.record_refused: a
     user's file there, or another run in it), as failed runs: their directories hold nothing of
     theirs to read. Looked for in each path given and in the sweep directory of each run found."""
     known = {d.resolve() for d in found}
@@ -457,6 +457,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+    from rag.config.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
 
     run_cli(main)

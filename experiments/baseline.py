@@ -121,7 +121,7 @@ def _compose(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from rag.config import PROJECT_ROOT
+    from rag.config.compose import PROJECT_ROOT
 
     if GlobalHydra.instance().is_initialized():
         return compose(config_name="config", overrides=overrides, return_hydra_config=True)

@@ -7,13 +7,13 @@ headline table and where those files are: the multirun's last words on the termi
 run for the sweep when tracking is on. It is imported for every run, so it imports nothing heavy
 until a multirun ends.
 
-`on_run_start` and `on_multirun_start` refuse a secret-looking value (rag.secrets) before Hydra
+`on_run_start` and `on_multirun_start` refuse a secret-looking value (rag.serving.secrets) before Hydra
 writes anything. `on_multirun_start` (which Hydra calls before its sweeper writes multirun.yaml)
 then claims the sweep directory (`claim_sweep_dir`): a file there the sweep would replace that no
 ragrig sweep wrote (a user's multirun.yaml or summary.md, a link for charts/) and a directory
 another sweep holds are refused in one line, exit status 2, before anything is written; the
 directory stays locked until the sweep ends. It stamps the sweep directory with a fresh id
-(rag.rundir): the summary covers exactly the jobs of this multirun, also in a reused
+(rag.run.rundir): the summary covers exactly the jobs of this multirun, also in a reused
 `hydra.sweep.dir`, and lists a job refused its directory as failed. `sweep_exit_status()` is
 what run.py exits with after a multirun: 1 when every job failed (or, with `report.fail_on=any`,
 when any job failed), else 0.
@@ -71,7 +71,7 @@ class SweepSummaryCallback(Callback):
         refuse_secrets(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from rag.rundir import write_sweep_stamp
+        from rag.run.rundir import write_sweep_stamp
 
         global _exit_status
         _exit_status = 0
@@ -86,7 +86,7 @@ class SweepSummaryCallback(Callback):
             log.warning("tracking: could not start the sweep's run (%s: %s)", type(e).__name__, e)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from rag.rundir import unlock_sweep
+        from rag.run.rundir import unlock_sweep
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
@@ -114,13 +114,13 @@ class SweepSummaryCallback(Callback):
 
 def claim_sweep_dir(sweep_dir: Path) -> None:
     """Refuses the sweep (one line, exit status 2) when `sweep_dir` holds a file the sweep would
-    replace that no ragrig sweep or report wrote there (rag.rundir.foreign_sweep_file,
+    replace that no ragrig sweep or report wrote there (rag.run.rundir.foreign_sweep_file,
     foreign_report_file), or another sweep holds it; else locks it for this process. Called before
     Hydra writes multirun.yaml, so a refused sweep writes nothing; SystemExit, since Hydra turns a
     callback's exceptions into warnings and carries on."""
     import sys
 
-    from rag.rundir import foreign_line, foreign_report_file, foreign_sweep_file, lock_sweep
+    from rag.run.rundir import foreign_line, foreign_report_file, foreign_sweep_file, lock_sweep
     from rag.types import RagError
 
     try:
@@ -144,12 +144,12 @@ def claim_sweep_dir(sweep_dir: Path) -> None:
 
 def refuse_secrets(config: DictConfig) -> None:
     """Stops the command (one line, exit status 2) when the composed config or an override holds
-    a secret-looking value (rag.secrets): called before Hydra writes anything (the run's directory,
+    a secret-looking value (rag.serving.secrets): called before Hydra writes anything (the run's directory,
     a sweep's multirun.yaml, the jobs' overrides on the terminal). SystemExit, since Hydra turns a
     callback's exceptions into warnings and carries on."""
     import sys
 
-    from rag.secrets import config_problem
+    from rag.serving.secrets import config_problem
 
     line = config_problem(OmegaConf.to_container(config, resolve=False))
     if line:
@@ -158,11 +158,11 @@ def refuse_secrets(config: DictConfig) -> None:
 
 
 def report_dry_sweep(sweep_dir: Path) -> int:
-    """A dry sweep's last words: the jobs' plans as one (rag.plan.combine), printed and written to
+    """A dry sweep's last words: the jobs' plans as one (rag.run.plan.combine), printed and written to
     the sweep's dry_run.json; 1 when no job made a plan."""
     import sys
 
-    from rag.plan import PLAN_FILE, format_plan, write_sweep_plan
+    from rag.run.plan import PLAN_FILE, format_plan, write_sweep_plan
 
     combined = write_sweep_plan(sweep_dir)
     if combined is None:
@@ -203,7 +203,7 @@ def write_sweep_summary(sweep_dir: Path, settings: dict[str, Any] | None = None)
         try:
             rep = build_report(records, sweep_dir, rs, source=f"Sweep directory: `{sweep_dir}`")
         except KeyboardInterrupt:
-            from rag.rundir import Unfinished
+            from rag.run.rundir import Unfinished
 
             raise Unfinished(f"the sweep's report in {sweep_dir} was left unfinished (its marker lists what it "
                              f"wrote, so the next sweep there replaces it); the whole report: "

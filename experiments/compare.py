@@ -26,9 +26,9 @@ from experiments import metric_info as MI
 from experiments.aggregate import RunRecord, find_run_dirs, load_run, refused_records, with_refused
 from experiments.report import ReportSettings
 from experiments.report_files import build_report, foreign_in_out
-from rag.cli import HelpFormatter, positive_int, run_cli, seed_int
-from rag.schema import CHART_FORMATS
-from rag.rundir import pooling_pending, remove_report
+from rag.config.cli import HelpFormatter, positive_int, run_cli, seed_int
+from rag.config.schema import CHART_FORMATS
+from rag.run.rundir import pooling_pending, remove_report
 from rag.types import RagError
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "outputs" / "compare"

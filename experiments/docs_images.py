@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from rag.types import RagError
 
 SOURCES = PROJECT_ROOT / "docs" / "img" / "sources"
@@ -315,6 +315,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+    from rag.config.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
 
     run_cli(main)

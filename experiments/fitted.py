@@ -1,6 +1,6 @@
 """The parts of a set of runs that were fitted on corpora other than the runs', as the reports say
 it: the verdict's first sentence, summary.md's "Fitted on other corpora" and the lines under
-report.html's title. Each run's record is its metrics.json `fitted` (rag/fitted.py, which also
+report.html's title. Each run's record is its metrics.json `fitted` (rag/run/fitted.py, which also
 writes the words).
 
 A part fitted elsewhere in several runs is said once, naming their versions ("the reranker of v3
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rag.fitted import CHECK, PARTS, flagged_parts, part_words, sentence, who
+from rag.run.fitted import CHECK, PARTS, flagged_parts, part_words, sentence, who
 
 if TYPE_CHECKING:
     from experiments.aggregate import RunRecord

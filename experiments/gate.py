@@ -37,7 +37,7 @@ from typing import NoReturn
 
 from experiments import metric_info as MI
 from experiments.stats import has_value, paired_bootstrap, shared_ids
-from rag.cli import HelpFormatter, non_negative_float, positive_int, run_cli, seed_int
+from rag.config.cli import HelpFormatter, non_negative_float, positive_int, run_cli, seed_int
 from rag.types import RagError
 
 TESTS = ("non-inferiority", "superiority")
@@ -125,7 +125,7 @@ def run_values(path: Path, metric: str) -> dict[str, float | None]:
     if not (path / "metrics.json").exists() and not (path / "failure.json").exists():
         raise RagError(f"{path}: not a run directory (no metrics.json); give a run's or a sweep job's directory, "
                        "or a TREC run file with --qrels")
-    from rag.rundir import pooling_pending
+    from rag.run.rundir import pooling_pending
 
     pending = pooling_pending(path)
     if pending is not None:
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_json(path: Path, doc: str) -> None:
-    from rag.atomic import atomic_write_text
+    from rag.store.atomic import atomic_write_text
 
     try:
         atomic_write_text(path, doc + "\n")

@@ -264,7 +264,7 @@ def render_html(rep: Report, records: list[RunRecord]) -> str:
 
 def write_html(rep: Report, records: list[RunRecord], path: Path) -> Path:
     """Renders the page and writes it atomically (a half-written report is never left behind)."""
-    from rag.cache import atomic_write_text
+    from rag.store.cache import atomic_write_text
 
     path = Path(path)
     atomic_write_text(path, render_html(rep, records))
@@ -288,7 +288,7 @@ def write_run_report(run_dir: Path, max_context_chars: int = 1200) -> Path | Non
         rep = analyze(records, run_dir, settings, source=f"Run directory: `{run_dir}`")
         return write_html(rep, records, run_dir / "report.html")
     except Exception as e:
-        from rag.cache import storage_fault
+        from rag.store.cache import storage_fault
 
         fault = storage_fault(e)
         if fault is not None:  # a full or read-only disk is no bug: one line, no traceback

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rag.atomic import block_between, replace_block
+from rag.store.atomic import block_between, replace_block
 from rag.types import RagError
 
 LOWER_MARK = "↓"  # appended to the label of every lower-is-better metric, on every chart and table
@@ -451,6 +451,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+    from rag.config.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
 
     run_cli(main)

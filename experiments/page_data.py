@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from eval.record import QuestionRecord, RetrievedChunk
 from experiments import metric_info as MI
-from rag.provenance import generator_name
+from rag.run.provenance import generator_name
 
 if TYPE_CHECKING:
     from experiments.aggregate import RunRecord
@@ -102,7 +102,7 @@ class GeneratedData(TypedDict):
     """How a generated question was made (its record's `provenance`, python -m rag.testset)."""
 
     kind: str  # "factoid", "how_why", "two_passage", "template:<name>"
-    generator: str  # the generator's short name (rag.provenance.generator_name)
+    generator: str  # the generator's short name (rag.run.provenance.generator_name)
     passages: list[PassageData]
 
 

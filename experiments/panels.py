@@ -24,7 +24,7 @@ import pandas as pd
 from experiments import chart_rules as R
 from experiments import metric_info as MI
 from experiments.charts import FORMATS, HATCHES, _gray_shades, _n_questions, _new_figure, _yerr, metric_label, save
-from rag.result import RunResult, metric_columns
+from rag.run.result import RunResult, metric_columns
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

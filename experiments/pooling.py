@@ -12,7 +12,7 @@ says how many runs were pooled). Nothing is asked: the grades are in each run's 
 The sweep's end (experiments.callbacks) calls it; `python -m experiments.pooling DIR...` pools
 runs made separately (the same question set and judge).
 
-Each pooled run is marked "pooling pending" (rag.rundir.mark_pooling, written atomically) before
+Each pooled run is marked "pooling pending" (rag.run.rundir.mark_pooling, written atomically) before
 the first of them is rewritten, and the marks are cleared only once all are: a pooling stopped
 half-way (Ctrl-C, SIGKILL) leaves runs whose per_question.jsonl and metrics.json may disagree,
 which compare and the gate then refuse, naming the one command that finishes them (pooling again
@@ -35,10 +35,10 @@ from eval.record import QuestionRecord, read_lines
 from eval.relevance import SOURCE, document_labels
 from eval.scoring import ScoreSettings, aggregate
 from eval.trec import format_qrels
-from rag import strict_json
-from rag.atomic import atomic_write_text
-from rag.cli import run_cli
-from rag.rundir import POOLING_PENDING, Unfinished, clear_pooling, mark_pooling
+from rag.store import strict_json
+from rag.store.atomic import atomic_write_text
+from rag.config.cli import run_cli
+from rag.run.rundir import POOLING_PENDING, Unfinished, clear_pooling, mark_pooling
 from rag.types import Chunk, QAItem, RagError, Relevance
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def pool_runs(run_dirs: Sequence[Path], command: str | None = None) -> int:
     each of them again (see the module docstring). Returns how many runs were pooled (0 or 1:
     nothing to pool). Runs whose judge, prompt or question set differ are not pooled: one line says so.
     `command` finishes a pooling that is stopped (default: pooling `run_dirs` again); a Ctrl-C
-    while runs are rewritten is rag.rundir.Unfinished, which names it."""
+    while runs are rewritten is rag.run.rundir.Unfinished, which names it."""
     runs = [r for r in (read_judged(Path(d)) for d in run_dirs) if r is not None]
     if len(runs) < 2:
         return 0

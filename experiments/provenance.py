@@ -1,6 +1,6 @@
 """Where the questions and relevance labels of a set of runs came from, as the reports say it:
 summary.md's "Questions and labels", the lines under report.html's title, and the verdict's
-sentence (experiments.verdict.provenance_words). Each run's own words are rag.provenance's, from
+sentence (experiments.verdict.provenance_words). Each run's own words are rag.run.provenance's, from
 its metrics.json `provenance`.
 
 Generated questions and LLM labels are never mixed silently with human ones: when the runs differ,
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rag.provenance import marked, provenance_lines
+from rag.run.provenance import marked, provenance_lines
 
 if TYPE_CHECKING:
     from experiments.aggregate import RunRecord

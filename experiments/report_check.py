@@ -126,7 +126,7 @@ def synthetic_runs(root: Path, questions: int = 1000, runs: int = 4, contexts: i
     chunk_words words (~500 characters, chunk_size 512) drawn from a pool of `pool` chunks per
     question (so runs overlap as real variants do), an answer, and every metric."""
     from eval.stats import bootstrap_ci
-    from rag.result import Objective, RunResult
+    from rag.run.result import Objective, RunResult
 
     rng = np.random.default_rng(seed)
     corpora = ["pubmed", "libc", "pytorch"]
@@ -255,6 +255,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli
+    from rag.config.cli import run_cli
 
     run_cli(main)

@@ -2,7 +2,7 @@
 (experiments.report) and report.html (experiments.html_report). Above both, so that neither
 imports the other's writer.
 
-A report lists what it wrote in the directory's marker (rag.rundir.REPORT_MARKER): a later report
+A report lists what it wrote in the directory's marker (rag.run.rundir.REPORT_MARKER): a later report
 there removes or replaces those files only, and one that would overwrite a file it did not write
 (a user's own summary.md or charts/figure1.png) refuses instead."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 from experiments.aggregate import RunRecord
 from experiments.html_report import write_html
 from experiments.report import Report, ReportSettings, analyze, make_charts, summary_markdown
-from rag.atomic import atomic_write_text
-from rag.rundir import (CHART_STAGING, REPORT_FILES, REPORT_MARKER, foreign_entry, foreign_line,
+from rag.store.atomic import atomic_write_text
+from rag.run.rundir import (CHART_STAGING, REPORT_FILES, REPORT_MARKER, foreign_entry, foreign_line,
                         foreign_report_file, report_listing)
 from rag.types import RagError
 

@@ -27,9 +27,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rag import strict_json
-from rag.atomic import atomic_write_text
-from rag.result import RunResult
+from rag.store import strict_json
+from rag.store.atomic import atomic_write_text
+from rag.run.result import RunResult
 
 log = logging.getLogger(__name__)
 

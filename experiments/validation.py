@@ -28,8 +28,8 @@ from scipy.stats import kendalltau
 
 from eval.record import read_lines
 from eval.relevance import SOURCE as LLM_SOURCE
-from rag.atomic import atomic_write_text
-from rag.cli import run_cli
+from rag.store.atomic import atomic_write_text
+from rag.config.cli import run_cli
 from rag.types import RagError
 
 # The retrieval metrics both kinds of question set have (a generated question has an answer and a

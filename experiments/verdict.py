@@ -20,7 +20,7 @@ import pandas as pd
 from experiments import metric_info as MI
 from experiments.aggregate import RunRecord
 from experiments.stats import PERMUTATIONS, has_value, holm, min_detectable_effect, paired_bootstrap, shared_ids
-from rag.provenance import generated, human, labels_source, marked
+from rag.run.provenance import generated, human, labels_source, marked
 
 ALPHA = 0.05
 POWER = 0.8

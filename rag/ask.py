@@ -29,12 +29,12 @@ import textwrap
 import time
 from typing import TYPE_CHECKING, Any
 
-from rag.cli import HelpFormatter, run_cli
-from rag.config import PROJECT_ROOT, compose_config
+from rag.config.cli import HelpFormatter, run_cli
+from rag.config.compose import PROJECT_ROOT, compose_config
 from rag.types import RagError
 
 if TYPE_CHECKING:
-    from rag.session import Session
+    from rag.run.session import Session
 
 # key=value, +key=value, ++key=value, ~key, ~key=value; a key is dotted names, group paths with /
 # and an optional @package.
@@ -69,7 +69,7 @@ def split_words(words: list[str]) -> tuple[str, list[str]]:
 
 def answer(session: Session, question: str, corpus: str | None = None) -> dict[str, Any]:
     """One question through retrieve -> rerank -> contexts -> generate, timed per stage."""
-    from rag.query import retrieve_rerank
+    from rag.run.query import retrieve_rerank
 
     filters = session.retriever.filters_for([corpus], [question])  # mode=router routes the text, not --corpus
     hits, retrieve_ms, rerank_ms = retrieve_rerank(session.retriever, session.reranker, question, filters[0],
@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def ask(question: str, overrides: list[str], corpus: str | None, interactive: bool) -> int:
-    from rag.session import open_session
-    from rag.settings import load
+    from rag.run.session import open_session
+    from rag.run.settings import load
 
     try:
         cfg = compose_config(overrides)

@@ -9,7 +9,7 @@ Two v4 features live here:
 """
 from __future__ import annotations
 
-from rag.chunk_set import ChunkSet
+from rag.store.chunk_set import ChunkSet
 from rag.types import Chunk, Context, Hits, RagError
 
 GAP = " … "

@@ -3,7 +3,7 @@ judge, the listwise reranker), embeddings (`embedder=openai`) and `/rerank` (`re
 
 The connections are httpx's (a pooled, thread-safe client per endpoint); what a request may cost
 is ours, the same for every role. A request is bounded: one deadline (`timeout_s`) for all of it,
-connecting, sending and the whole reply (rag/http_deadline.py), a cap on the reply's size, and at
+connecting, sending and the whole reply (rag/serving/http_deadline.py), a cap on the reply's size, and at
 most `max_retries` retries, with exponential backoff and jitter, on what is worth retrying (429,
 5xx, timeouts, refused or broken connections), honouring the server's Retry-After. Anything else
 (a wrong URL, an unknown model, a bad key, a redirect loop, a reply the role cannot read after its
@@ -37,12 +37,12 @@ from email.utils import parsedate_to_datetime
 from typing import Annotated, Any, ClassVar, Generic, TypeVar
 from urllib.parse import urlsplit
 
-from rag.concurrent import Cancelled
-from rag.http_deadline import DeadlineTransport, deadline, seconds_left
-from rag.reply import BadReply, decode_reply
-from rag.schema import shown
-from rag.secrets import problem as secret_problem
-from rag.secrets import redact, redact_url
+from rag.serving.concurrent import Cancelled
+from rag.serving.http_deadline import DeadlineTransport, deadline, seconds_left
+from rag.serving.reply import BadReply, decode_reply
+from rag.config.schema import shown
+from rag.serving.secrets import problem as secret_problem
+from rag.serving.secrets import redact, redact_url
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class EndpointSettings:
     the role, which names it in messages (`what`) and says which settings it takes: the reranker
     sends one request at a time, and only the chat roles send `extra_body`.
 
-    Each setting's rule is its annotation's (rag/schema.py reads them at start-up, naming the
+    Each setting's rule is its annotation's (rag/config/schema.py reads them at start-up, naming the
     node's full key); `check` applies them again for settings built in Python.
 
     `cache_namespace` is no transport setting but a label of the endpoint: two servers that serve

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from omegaconf import DictConfig
 
-from rag.config import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
-from rag.result import RunResult
+from rag.config.compose import PROJECT_ROOT, config_error_line, is_config_error, register_resolvers
+from rag.run.result import RunResult
 from rag.types import RagError
 
 if TYPE_CHECKING:
-    from rag.session import Session as PipelineSession
+    from rag.run.session import Session as PipelineSession
 
 PathLike = str | Path
 
@@ -72,7 +72,7 @@ class Run:
 
     Attributes:
         path: The run directory (metrics.json, per_question.jsonl, report.html, run.log, ...).
-        result: Its metrics.json, typed (`rag.result.RunResult`).
+        result: Its metrics.json, typed (`rag.run.result.RunResult`).
     """
 
     path: Path
@@ -161,9 +161,9 @@ def run(overrides: Sequence[str] = (), output_dir: PathLike | None = None) -> Ru
                              "qa=jsonl", "qa.path=examples/toy/questions.jsonl"])
             v1.metrics["mrr_id"]
     """
-    from rag import rundir
-    from rag.pipeline import run as run_pipeline
-    from rag.settings import load
+    from rag.run import rundir
+    from rag.run.pipeline import run as run_pipeline
+    from rag.run.settings import load
 
     settings = load(compose(overrides))
     if settings.dry_run:
@@ -303,8 +303,8 @@ def open_session(overrides: Sequence[str] = ()) -> Iterator[Session]:
                                       "corpus.path=examples/toy/docs.jsonl"]) as session:
                 print(session.ask("How much salt goes into bread dough?").answer)
     """
-    from rag.session import open_session as open_pipeline
-    from rag.settings import load
+    from rag.run.session import open_session as open_pipeline
+    from rag.run.settings import load
 
     session = open_pipeline(load(compose(overrides)), scored=False)
     session.generator.warm_up()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from rag.config import PROJECT_ROOT, register_resolvers
+from rag.config.compose import PROJECT_ROOT, register_resolvers
 
 register_resolvers()
 

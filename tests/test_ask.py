@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from tests.conftest import MODEL_CACHE, tiny_overrides
 
 

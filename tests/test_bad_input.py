@@ -2,7 +2,7 @@
 
 Every case runs the real pipeline on the tiny corpus with one thing broken, and checks the
 `RagError` message and that the output directory holds no metrics.json / per_question.jsonl.
-A case marked `early` is a config value the schema (rag/schema.py) rejects at start-up: it must
+A case marked `early` is a config value the schema (rag/config/schema.py) rejects at start-up: it must
 fail before the corpus is even read, so nothing at all is in the cache.
 
 Errors of the command line itself (Hydra overrides, the other entry points, interrupts) are in
@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from rag.index.faiss_index import FlatL2Index
-from rag.pipeline import run
+from rag.run.pipeline import run
 from rag.types import RagError
 from tests.conftest import MODEL_CACHE, TINY_DOCS, TINY_QA, tiny_overrides, write_jsonl
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import pytrec_eval
 
-from rag.config import data_dir
+from rag.config.compose import data_dir
 from rag.corpus import BeirCorpus
-from rag.pipeline import run
+from rag.run.pipeline import run
 from rag.corpus.beir import BeirQuestions
 from rag.types import RagError, Relevance
 

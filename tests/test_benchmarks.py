@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks import REGISTRY, bm25, common, faiss_indexes
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 
 COMMON_KEYS = {"table", "environment", "wall_s", "loadavg_start", "loadavg_end"}
 

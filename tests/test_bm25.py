@@ -16,7 +16,7 @@ import rag.retriever.maxscore
 from rag.retriever.bm25 import BM25Index, top_k
 from rag.retriever.bm25_build import write_bm25s_index
 from rag.retriever.tokens import token_ids, tokenize
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from rag.types import RagError
 
 CORPUS = [
@@ -97,9 +97,9 @@ def test_a_memory_mapped_index_scores_and_filters_as_the_loaded_one(tmp_path):
 
 
 def test_a_run_with_mmap_searches_the_mapped_files_it_just_built(tmp_path):
-    from rag.artifacts import Artifacts
-    from rag.chunk_set import ChunkSet
-    from rag.cache import ArtifactCache
+    from rag.run.artifacts import Artifacts
+    from rag.store.chunk_set import ChunkSet
+    from rag.store.cache import ArtifactCache
     from rag.types import Chunk
 
     chunks = [Chunk(f"d{i}#0", f"d{i}", t, "notes", 0, len(t), 0) for i, t in enumerate(CORPUS)]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from experiments.report_check import browser_available, external, load, make_driver, requests_made
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from tests.conftest import TINY_DOCS, TINY_QA, tiny_overrides, write_jsonl
 
 pytestmark = pytest.mark.browser

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from rag.atomic import atomic_write_text
-from rag.cache import ArtifactCache, make_key
+from rag.store.atomic import atomic_write_text
+from rag.store.cache import ArtifactCache, make_key
 
 
 def test_key_depends_on_params_and_parents_not_on_dict_order():
@@ -53,7 +53,7 @@ def test_failed_build_leaves_nothing_behind(tmp_path):
 def test_what_a_library_writes_privately_into_a_build_is_published_under_the_umask(tmp_path):
     import os
 
-    from rag.atomic import umask_mode
+    from rag.store.atomic import umask_mode
 
     def private(tmp):  # safetensors, for one, writes its files 0600
         (tmp / "model").mkdir(mode=0o700)
@@ -133,7 +133,7 @@ def test_checksums_are_verified_once_per_process_until_the_file_changes(tmp_path
     nothing. A file whose stat changes (rewritten, replaced) is hashed again."""
     import os
 
-    import rag.cache as cache_mod
+    import rag.store.cache as cache_mod
 
     cache, calls = ArtifactCache(tmp_path), []
     art = cache.get_or_build("thing", "k", _writer(calls))
@@ -150,7 +150,7 @@ def test_checksums_are_verified_once_per_process_until_the_file_changes(tmp_path
 
 
 def test_the_memory_tier_is_shared_per_root_and_bounded_per_table(tmp_path, monkeypatch):
-    from rag.cache import MemoryTier, clear_memory
+    from rag.store.cache import MemoryTier, clear_memory
 
     a, b, other = ArtifactCache(tmp_path / "c"), ArtifactCache(tmp_path / "c"), ArtifactCache(tmp_path / "d")
     a.memory.put("chunks", "k", [1])
@@ -178,7 +178,7 @@ def test_an_unusable_cache_names_the_setting_that_chose_it(tmp_path):
 # -- the seed: read-only artifacts and records restored on a miss -------------------------------
 
 def _seed_with_thing(tmp_path):
-    from rag.seed import build_seed
+    from rag.store.seed import build_seed
 
     seeding = ArtifactCache(tmp_path / "seeding")
     seeding.get_or_build("thing", "k1", _writer([]))
@@ -290,7 +290,7 @@ def test_a_seed_entry_under_another_keys_name_is_built_instead(tmp_path, caplog)
 
 
 def test_the_seed_ships_no_entry_held_under_another_keys_name(tmp_path):
-    from rag.seed import build_seed
+    from rag.store.seed import build_seed
 
     seeding = ArtifactCache(tmp_path / "seeding")
     a = seeding.get_or_build("thing", "k1", _writer([]))
@@ -305,8 +305,8 @@ def test_every_kind_of_entry_copied_over_another_configurations_is_rebuilt_in_a_
     the run on the second corpus rebuilds each, names each, and scores what it scored before."""
     import shutil
 
-    from rag.cache import clear_memory
-    from rag.pipeline import run
+    from rag.store.cache import clear_memory
+    from rag.run.pipeline import run
     from tests.conftest import TINY_DOCS, tiny_overrides, write_jsonl
     from tests.scripted_endpoint import ScriptedEndpoint
 

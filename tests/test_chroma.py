@@ -14,7 +14,7 @@ chromadb = pytest.importorskip("chromadb")
 
 from rag.index.chroma import MANIFEST, ChromaIndex  # noqa: E402
 from rag.index.faiss_index import FlatIPIndex  # noqa: E402
-from rag.pipeline import run  # noqa: E402
+from rag.run.pipeline import run  # noqa: E402
 from rag.types import RagError  # noqa: E402
 from tests.conftest import tiny_overrides  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The chunks artifact on disk (rag/chunk_store.py): what is written is read back row by row, a
+"""The chunks artifact on disk (rag/store/chunk_store.py): what is written is read back row by row, a
 build killed part-way resumes from its last finished shard, and a chunk set over the store
 answers every question a list of chunks answers."""
 import json
@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from rag import chunk_store
-from rag.artifacts import Artifacts
-from rag.chunk_set import ChunkSet
+from rag.store import chunk_store
+from rag.run.artifacts import Artifacts
+from rag.store.chunk_set import ChunkSet
 from rag.corpus.loading import load_corpus
-from rag.cache import ArtifactCache
-from rag.chunk_store import ChunkStore, ChunkWriter, DocumentStore
+from rag.store.cache import ArtifactCache
+from rag.store.chunk_store import ChunkStore, ChunkWriter, DocumentStore
 from rag.chunker.sliding_window import SlidingWindowChunker
 from rag.context import ContextBuilder
 from rag.corpus.jsonl import JsonlCorpus

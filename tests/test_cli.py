@@ -1,4 +1,4 @@
-"""rag.cli: what every command line shares. A command whose reader has gone (`| head -1`) runs on
+"""rag.config.cli: what every command line shares. A command whose reader has gone (`| head -1`) runs on
 to its own exit status with nothing on stderr; --help states every option's default; the shared
 argument types refuse what they must, in argparse's one line."""
 from __future__ import annotations
@@ -11,14 +11,14 @@ import textwrap
 
 import pytest
 
-from rag.cli import HelpFormatter, non_negative_float, positive_int, seed_int
-from rag.config import PROJECT_ROOT
+from rag.config.cli import HelpFormatter, non_negative_float, positive_int, seed_int
+from rag.config.compose import PROJECT_ROOT
 
 # Writes far more than a pipe holds, to stdout and then stderr, then a file, and exits 3.
 SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from rag.cli import run_cli
+    from rag.config.cli import run_cli
 
     def main():
         for _ in range(2000):

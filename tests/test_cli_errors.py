@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from tests.conftest import tiny_overrides
 from tests.test_experiments import write_run
 
@@ -229,7 +229,7 @@ def test_ctrl_c_mid_run_is_one_line_130_and_leaves_nothing_half_written(tiny_fil
 
 
 def test_results_interrupted_while_written_are_removed(tmp_path, monkeypatch):
-    from rag import output
+    from rag.run import output
 
     real = output.atomic_write_text
 
@@ -309,13 +309,13 @@ def test_the_entry_points_are_found_not_listed():
 
 @pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
 def test_every_entry_point_goes_through_the_shared_handler(name):
-    """rag.cli.run_cli is what keeps a closed pipe from ending in a traceback: every command line
+    """rag.config.cli.run_cli is what keeps a closed pipe from ending in a traceback: every command line
     calls it, from its `__main__` block (or, for a package's __main__.py, anywhere at its top)."""
     import ast
 
     tree = ast.parse(ENTRY_POINTS[name].read_text())
     body = tree.body if ENTRY_POINTS[name].name == "__main__.py" else _main_block(tree)
-    assert _calls_run_cli(body), f"{name}: its entry point does not call rag.cli.run_cli"
+    assert _calls_run_cli(body), f"{name}: its entry point does not call rag.config.cli.run_cli"
 
 
 @pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
@@ -345,7 +345,7 @@ def test_compare_behind_a_closed_pipe_writes_its_report_and_exits_0(tmp_path):
 
 def test_seed_behind_a_closed_pipe_writes_its_index_and_exits_0(tmp_path):
     (tmp_path / "cache").mkdir()
-    done = to_closed_pipe(["-m", "rag.seed", str(tmp_path / "cache"), "--out", str(tmp_path / "seed")], env=UNBUFFERED)
+    done = to_closed_pipe(["-m", "rag.store.seed", str(tmp_path / "cache"), "--out", str(tmp_path / "seed")], env=UNBUFFERED)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert (tmp_path / "seed" / "SEED.json").exists()
 

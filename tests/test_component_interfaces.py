@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 
 BASES = sorted((PROJECT_ROOT / "rag").glob("*/base.py"))
 PAGE = PROJECT_ROOT / "docs" / "reference" / "components.md"

@@ -10,7 +10,7 @@ import pytest
 
 from rag.compressor import EmbeddingCompressor, LLMCompressor
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
-from rag.pipeline import run
+from rag.run.pipeline import run
 from rag.types import Context, RagError
 from tests.conftest import tiny_overrides
 from tests.scripted_endpoint import ScriptedEndpoint, completion
@@ -70,13 +70,13 @@ def test_a_run_answers_and_grounds_on_the_compressed_contexts(tiny_files, compos
         assert all(s.strip() in seen for s in re.split(r"(?<=\.) ", r["answer"]) if s.strip()), \
             "the extractive answer is drawn from the compressed contexts"
     assert short["artifacts"]["answers"]["key"] != plain["artifacts"]["answers"]["key"]
-    from rag.output import format_table
+    from rag.run.output import format_table
 
     assert f"compression (embedding): {stats['chars_removed_share']:.0%} of the answered" in format_table(short)
 
 
 def test_the_llm_extractor_keeps_only_sentences_drawn_from_the_context(tmp_path):
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
     from rag.endpoint import EndpointSettings
     from rag.llm.openai import OpenAIGenerator
 
@@ -95,7 +95,7 @@ def test_the_llm_extractor_keeps_only_sentences_drawn_from_the_context(tmp_path)
 
 
 def test_an_excerpt_reply_that_held_no_answer_is_not_recorded(tmp_path):
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
     from rag.endpoint import EndpointSettings
     from rag.llm.openai import OpenAIGenerator
 

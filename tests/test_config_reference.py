@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from rag import config_reference as CR
-from rag.config import PROJECT_ROOT
+from rag.config import reference as CR
+from rag.config.compose import PROJECT_ROOT
 from rag.types import RagError
 
 PAGE = PROJECT_ROOT / "docs" / "reference" / "config.md"
@@ -25,14 +25,14 @@ def test_every_option_in_conf_is_a_row_of_the_configuration_reference():
         named.add((group, re.match(r"`([^`]+)`", cells[1]).group(1)))
     in_conf = {(f.parent.relative_to(CR.CONF).as_posix(), f.stem) for f in CR.CONF.rglob("*.yaml")
                if f.parent != CR.CONF}
-    assert sorted(in_conf - named) == [], "run: python -m rag.config_reference --write docs/reference/config.md"
+    assert sorted(in_conf - named) == [], "run: python -m rag.config.reference --write docs/reference/config.md"
     assert {("reranker", "llm_listwise"), ("reranker", "http"), ("llm", "openvino"), ("qa", "heldout"),
             ("qa", "none"), ("embedder", "minilm_onnx"), ("embedder", "minilm_ray")} <= named
 
 
 def test_the_page_is_what_the_generator_writes_from_conf():
     assert CR.page_block(PAGE.read_text(encoding="utf-8")) == CR.markdown(), \
-        "docs/reference/config.md is stale: python -m rag.config_reference --write docs/reference/config.md"
+        "docs/reference/config.md is stale: python -m rag.config.reference --write docs/reference/config.md"
 
 
 def test_every_option_file_opens_with_a_comment_that_describes_it():

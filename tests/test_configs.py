@@ -9,10 +9,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from rag.config import PROJECT_ROOT
-from rag.settings import validate
-from rag.session import create
-from rag.settings import chunker_node
+from rag.config.compose import PROJECT_ROOT
+from rag.run.settings import validate
+from rag.run.session import create
+from rag.run.settings import chunker_node
 
 CONF = PROJECT_ROOT / "conf"
 # Groups selected as `group=option` (in the primary defaults list) and as `+group=option`.
@@ -116,7 +116,7 @@ def test_every_option_composes_validates_and_instantiates(group, option, no_mode
     else:
         nodes = {group: cfg[group]}
     nodes["eval.embedder"] = cfg.eval.embedder
-    if "chunker" in nodes:  # as the settings hand it over: contextualize is the session's (rag/settings.py)
+    if "chunker" in nodes:  # as the settings hand it over: contextualize is the session's (rag/run/settings.py)
         nodes["chunker"] = chunker_node(nodes["chunker"])
     for name, node in nodes.items():
         if node.get("_target_") is None:

@@ -1,7 +1,7 @@
 """Contexts for the LLM: source labels (metadata mapping) and neighbour expansion."""
 import pytest
 
-from rag.chunk_set import ChunkSet
+from rag.store.chunk_set import ChunkSet
 from rag.context import ContextBuilder, merge_chunks, source_label
 from rag.types import Document, Hits, RagError, make_chunk
 

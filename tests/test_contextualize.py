@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from rag.chunk_set import ChunkSet
+from rag.store.chunk_set import ChunkSet
 from rag.retriever.bm25 import BM25Index
 from rag.chunker.contextualize import prefixes, title_of
-from rag.pipeline import run
+from rag.run.pipeline import run
 from rag.types import Chunk, Document, RagError
 from tests.conftest import tiny_overrides, write_jsonl
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import data_dir
+from rag.config.compose import data_dir
 from rag.corpus import (
     BeirCorpus,
     JsonlCorpus,

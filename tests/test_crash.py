@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import PROJECT_ROOT, data_dir
+from rag.config.compose import PROJECT_ROOT, data_dir
 from tests.conftest import write_jsonl
 
 pytestmark = pytest.mark.crash

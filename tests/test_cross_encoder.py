@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.reranker.cross_encoder import CrossEncoderReranker
 from rag.reranker.pointwise import fuse_scores
 from rag.reranker.training import artifact as A
@@ -80,7 +80,7 @@ def test_scores_are_recorded_in_the_cache_and_a_timed_search_scores_anew(tmp_pat
     again, fake2 = _reranker(tmp_path, top_n=4)
     assert again.rerank(["beta gamma"], hits, chunks, k=3).ids.tolist() == first.ids.tolist()
     assert fake2.calls == []
-    # a timed search (rag.latency) scores
+    # a timed search (rag.run.latency) scores
     assert again.rerank(["beta gamma"], hits, chunks, k=3, reuse=False).ids.tolist() == first.ids.tolist()
     assert len(fake2.calls) == 1
     # other candidates, another query or another model: scored
@@ -172,8 +172,8 @@ def test_the_default_fusion_keeps_the_first_stage_order_unless_the_model_is_clea
     every other candidate still comes first."""
     from hydra import compose, initialize_config_dir
 
-    from rag.config import PROJECT_ROOT
-    from rag.session import create
+    from rag.config.compose import PROJECT_ROOT
+    from rag.run.session import create
 
     with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["reranker=cross_encoder", f"paths.cache={tmp_path}"])
@@ -350,8 +350,8 @@ def test_default_config_builds_the_reranker(tmp_path: Path):
     labelled questions as the train part of PubMedQA)."""
     from hydra import compose, initialize_config_dir
 
-    from rag.config import PROJECT_ROOT
-    from rag.session import create
+    from rag.config.compose import PROJECT_ROOT
+    from rag.run.session import create
 
     with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["reranker=cross_encoder", f"paths.cache={tmp_path}"])
@@ -366,7 +366,7 @@ def test_v3_reranks_with_the_trained_cross_encoder_and_v4_inherits_it():
     """Issue 17: v3 is v2 plus the cross-encoder (the seed's design), trained here on first use."""
     from hydra import compose, initialize_config_dir
 
-    from rag.config import PROJECT_ROOT
+    from rag.config.compose import PROJECT_ROOT
 
     with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
         for version in ("v3", "v4"):

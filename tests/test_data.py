@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from rag.config import PROJECT_ROOT, data_dir
+from rag.config.compose import PROJECT_ROOT, data_dir
 
 OUTSIDE = re.compile(r"\.\./shared|parent\s*/\s*[\"']shared[\"']|RAGRIG_SHARED_DATA|shared_data")
 

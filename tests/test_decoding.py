@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.llm import HFGenerator
 from rag.llm.decoding import Answer, DecodingRules, finish_text
 from rag.types import Context, RagError
@@ -157,7 +157,7 @@ def test_the_loop_hands_the_kv_cache_over_without_a_deprecation_warning():
 def test_answers_cut_at_max_new_tokens_are_counted_and_kept_with_the_cached_answers(runtime, tmp_path):
     """An in-process answer that neither the end of turn nor a rule ended ran out of new tokens: the
     run counts it as it counts a served answer whose finish_reason is "length", also from the cache."""
-    from rag.artifacts import Artifacts
+    from rag.run.artifacts import Artifacts
 
     qs = ["Why was fcntl64 added?", "What does free do?"]
     cs = [[Context("The original Linux fcntl() system call was not designed to handle large file offsets. "

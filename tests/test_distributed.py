@@ -26,11 +26,11 @@ import pytest
 
 from benchmarks.common import run_case
 from benchmarks.encoding import chunk_set_of
-from rag.artifacts import Artifacts
-from rag.cache import ArtifactCache
-from rag.config import PROJECT_ROOT
+from rag.run.artifacts import Artifacts
+from rag.store.cache import ArtifactCache
+from rag.config.compose import PROJECT_ROOT
 from rag.embedder.sentence_transformer import RowSink, SentenceTransformerEmbedder
-from rag.session import create
+from rag.run.session import create
 from rag.types import RagError
 from tests.test_sweeps import ENV, multirun, sweep_overrides, tiny  # noqa: F401 (tiny: the sweeps' corpus fixture)
 

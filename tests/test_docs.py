@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from tests.docs_blocks import (
     Block,
     demo_verdict,

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image, PngImagePlugin
 
 from experiments import docs_images as DI
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from rag.types import RagError
 
 DOCS = PROJECT_ROOT / "docs"

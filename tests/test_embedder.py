@@ -216,7 +216,7 @@ def test_a_vector_unusable_as_stored_in_float32_is_refused_by_the_writer(case, t
 
 
 def test_a_vectors_artifact_with_an_unusable_row_is_not_published(tmp_path):
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
     from rag.embedder import npy_writer
 
     cache = ArtifactCache(tmp_path)
@@ -227,7 +227,7 @@ def test_a_vectors_artifact_with_an_unusable_row_is_not_published(tmp_path):
 
 
 def test_the_cache_keeps_a_partial_directory_until_the_artifact_is_published(tmp_path):
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
 
     cache = ArtifactCache(tmp_path)
     part = cache.partial("vectors", "k1")
@@ -246,7 +246,7 @@ def test_the_cache_keeps_a_partial_directory_until_the_artifact_is_published(tmp
 def test_every_embedder_states_what_it_can_do_as_attributes():
     from rag.embedder.openai import OpenAIEmbedder
     from rag.embedder.precomputed import PrecomputedEmbedder
-    from rag.served import served
+    from rag.serving.served import served
 
     local = SentenceTransformerEmbedder("x", query_prefix="query: ", show_progress=False)
     assert isinstance(local, Embedder) and not served(local)
@@ -331,7 +331,7 @@ def test_bf16_is_a_candidate_only_where_the_cpu_computes_it_natively(tmp_path):
 
 
 def test_a_pinned_backend_is_chosen_without_measuring_or_loading(tmp_path):
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
 
     for kw, pinned in (({}, REFERENCE), ({"precision": "bf16"}, TORCH_BF16), ({"backend": "onnx"}, ONNX_FP32),
                        ({"backend": "onnx", "quantize": "int8"}, ONNX_INT8)):
@@ -344,8 +344,8 @@ def test_a_pinned_backend_is_chosen_without_measuring_or_loading(tmp_path):
 
 def test_each_backend_and_precision_keys_its_own_vectors_and_fp32s_keys_are_unchanged():
     from benchmarks.encoding import chunk_set_of
-    from rag.artifacts import Artifacts
-    from rag.cache import ArtifactCache
+    from rag.run.artifacts import Artifacts
+    from rag.store.cache import ArtifactCache
 
     base = {"model": MINILM, "normalize": True, "max_seq_length": None}
     auto = SentenceTransformerEmbedder(MINILM, backend="auto", precision="auto")
@@ -368,8 +368,8 @@ def test_an_auto_embedder_reads_fp32_vectors_already_cached_instead_of_measuring
     """The default's vectors from before `auto` (ONNX fp32) and the demo's seed are read as they
     are: nothing is measured, loaded or encoded anew."""
     from benchmarks.encoding import chunk_set_of
-    from rag.artifacts import Artifacts
-    from rag.cache import ArtifactCache, make_key
+    from rag.run.artifacts import Artifacts
+    from rag.store.cache import ArtifactCache, make_key
 
     cache, chunks = ArtifactCache(tmp_path / "cache"), chunk_set_of(["a", "b"])
     auto = SentenceTransformerEmbedder(MINILM, backend="auto", precision="auto")
@@ -382,7 +382,7 @@ def test_an_auto_embedder_reads_fp32_vectors_already_cached_instead_of_measuring
 
 
 def test_an_auto_embedder_never_takes_vectors_of_another_precision_it_did_not_choose(tmp_path):
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
 
     auto = SentenceTransformerEmbedder(MINILM, backend="auto", precision="auto")
     auto.use_cache(ArtifactCache(tmp_path))
@@ -413,7 +413,7 @@ def test_bad_precision_settings_fail_clearly():
 
 
 def test_without_native_bf16_or_onnxruntime_auto_is_torch_fp32_and_measures_nothing(tmp_path, monkeypatch):
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
     from rag.embedder import sentence_transformer as st
 
     monkeypatch.setattr(st, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))

@@ -14,11 +14,11 @@ import time
 import pytest
 
 import rag.endpoint
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.embedder.openai import OpenAIEmbedder
 from rag.endpoint import EndpointError, EndpointSettings
 from rag.llm.chat_api import ChatEndpoint
-from rag.reply import BadReply, decode_reply
+from rag.serving.reply import BadReply, decode_reply
 from rag.reranker.http import HTTPReranker
 from rag.types import Chunk, Hits, RagError
 from tests.conftest import tiny_overrides
@@ -175,7 +175,7 @@ ROLES = {  # the role's node, what selects it, and the request timeout it sets o
 
 def built(what: str, cfg):
     """The role as a run builds it from its composed node."""
-    from rag.session import build_judge, create
+    from rag.run.session import build_judge, create
 
     return build_judge(cfg.eval.judge, None) if what == "eval.judge" else create(cfg[what])
 
@@ -257,7 +257,7 @@ def test_the_cache_namespace_goes_into_the_keys_as_written():
 def test_an_endpoint_setting_by_its_old_name_is_answered_with_its_new_key(overrides, line, compose_cfg):
     from hydra.errors import ConfigCompositionException
 
-    from rag.config import config_error_line
+    from rag.config.compose import config_error_line
 
     with pytest.raises(ConfigCompositionException) as e:
         compose_cfg(overrides)

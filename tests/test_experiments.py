@@ -19,7 +19,7 @@ from experiments.compare import main as compare_main
 from experiments.report import ReportSettings
 from experiments.report_files import build_report
 from experiments.stats import holm, min_detectable_effect, paired_bootstrap, sign_flip_p_value
-from rag import strict_json
+from rag.store import strict_json
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 METRICS = ("recall_at_k", "mrr")
@@ -186,7 +186,7 @@ def write_run(path: Path, *, variant: str = "custom", overrides: list[str] = (),
             for i in range(n)]
     for i, r in enumerate(rows if question_latency is not None else []):
         r["latency_ms"] = {"retrieve": question_latency[i] / 2, "rerank": question_latency[i] / 2}
-    # as the pipeline writes it (rag.strict_json): a NaN given for "not measured" is null
+    # as the pipeline writes it (rag.store.strict_json): a NaN given for "not measured" is null
     (path / "per_question.jsonl").write_text("".join(strict_json.dumps(r) + "\n" for r in rows))
     (path / ".hydra").mkdir(exist_ok=True)
     (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -555,7 +555,7 @@ def test_a_grid_reports_heatmaps_marks_the_cells_that_beat_its_baseline(tmp_path
 
 
 def test_compare_refuses_a_run_whose_pooling_was_interrupted_naming_the_command_that_finishes_it(tmp_path, capsys):
-    from rag.rundir import mark_pooling
+    from rag.run.rundir import mark_pooling
 
     a = write_run(tmp_path / "a", values={"mrr": [0.2, 0.4]})
     b = write_run(tmp_path / "b", values={"mrr": [0.3, 0.5]})
@@ -571,7 +571,7 @@ def test_compare_refuses_a_run_whose_pooling_was_interrupted_naming_the_command_
 def test_compare_out_never_removes_what_a_received_marker_lists_outside_it(tmp_path):
     """--out is a results folder received from someone else, whose marker lists an absolute path
     and a path through a link: the comparison replaces only the files inside it."""
-    from rag.rundir import REPORT_MARKER
+    from rag.run.rundir import REPORT_MARKER
 
     run = write_run(tmp_path / "run", values={"mrr": [0.2, 0.4]})
     home = tmp_path / "home"

@@ -1,4 +1,4 @@
-"""Fitted parts say what they were fitted on (rag/fitted.py, experiments/fitted.py): the
+"""Fitted parts say what they were fitted on (rag/run/fitted.py, experiments/fitted.py): the
 cross-encoder by the content of the corpora it learnt from, the router and the per-group chunker by
 the group tags they were chosen for. A run on another corpus says so in its table, metrics.json,
 report.html, summary.md and the verdict's first sentence, with the one sweep that checks it; a run
@@ -18,12 +18,12 @@ from hydra.utils import instantiate
 
 from experiments.aggregate import RunRecord
 from experiments.fitted import of_runs
-from rag.cache import ArtifactCache
-from rag.config import PROJECT_ROOT
+from rag.store.cache import ArtifactCache
+from rag.config.compose import PROJECT_ROOT
 from rag.corpus.loading import load_corpus
-from rag.fitted import among, chunker_part, corpus_record, fitted_lines, reranker_part, router_part, section
+from rag.run.fitted import among, chunker_part, corpus_record, fitted_lines, reranker_part, router_part, section
 from rag.reranker.training.artifact import TrainingInputs
-from rag.result import RunResult
+from rag.run.result import RunResult
 from rag.types import Document
 from tests.conftest import MODEL_CACHE, write_jsonl
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from experiments.gate import gate, main
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from rag.types import RagError
 from tests.test_experiments import write_run
 
@@ -139,7 +139,7 @@ def test_trec_run_files_are_scored_against_the_qrels(tmp_path, capsys):
 def test_two_real_runs_one_passes_one_fails(tiny_files, tmp_path):
     """The tiny corpus through the pipeline: BM25 against itself passes; a dense run with one-token
     chunks (nothing to match) against it fails."""
-    from rag.pipeline import run
+    from rag.run.pipeline import run
     from tests.conftest import tiny_overrides
     from hydra import compose, initialize_config_dir
 
@@ -264,7 +264,7 @@ def option_help(help_text: str, option: str) -> str:
 
 
 def test_a_run_whose_pooling_was_interrupted_is_refused_naming_the_command(tmp_path, capsys):
-    from rag.rundir import mark_pooling
+    from rag.run.rundir import mark_pooling
 
     base, cand, _ = run_dirs(tmp_path)
     mark_pooling([cand], f"python -m experiments.pooling {cand.parent}")

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rag.cache import ArtifactCache  # noqa: E402
+from rag.store.cache import ArtifactCache  # noqa: E402
 from rag.llm import loading as llm_module  # noqa: E402
 from rag.llm.hf import HFGenerator  # noqa: E402
 from rag.reranker.llm import LLMReranker  # noqa: E402

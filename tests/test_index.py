@@ -171,7 +171,7 @@ def test_compressed_indexes_reach_their_recall_and_refine_recovers_pq(name, tmp_
     assert recall >= min_recall, recall
     index.save(tmp_path)
     again = make().load(tmp_path)
-    again.use_vectors(base)  # what rag.artifacts does after a load: the cache's vectors, mapped
+    again.use_vectors(base)  # what rag.run.artifacts does after a load: the cache's vectors, mapped
     np.testing.assert_array_equal(again.search(queries, 10).ids, got)
     allowed = np.arange(0, 6000, 7)
     hits = again.search(queries[:5], 5, allowed=allowed)

@@ -12,9 +12,9 @@ import pytest
 from eval.judge import RUBRICS, Item, Judge, Unparseable, agreement, fleiss_kappa, parse_verdict
 from eval.record import QuestionRecord
 from eval.scoring import ScoreSettings, add_judge_scores
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.endpoint import EndpointSettings
-from rag.pipeline import run
+from rag.run.pipeline import run
 from rag.types import RagError
 from tests.conftest import tiny_overrides
 from tests.scripted_endpoint import ScriptedEndpoint, completion

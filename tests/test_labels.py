@@ -14,7 +14,7 @@ from eval import metrics as M
 from eval.labels import chunk_grade, found_units, label_metrics, matches, trec_measures
 from eval.trec import format_qrels, format_run
 from rag.chunker import SentenceChunker, SlidingWindowChunker
-from rag.config import data_dir
+from rag.config.compose import data_dir
 from rag.corpus.pubmedqa import PubMedQACorpus
 from rag.qa.pubmedqa import PubMedQAQuestions
 from rag.types import Chunk, QAItem, Relevance

@@ -1,5 +1,5 @@
 """Latency is measured by the run that reports it: candidates may come from the cache's memory
-tier, times never do (rag/latency.py, rag/query.py, rag/retriever/base.py)."""
+tier, times never do (rag/run/latency.py, rag/run/query.py, rag/retriever/base.py)."""
 from __future__ import annotations
 
 import json
@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from rag import latency
-from rag.cache import ArtifactCache, clear_memory
-from rag.pipeline import run
-from rag.query import retrieve_rerank
+from rag.run import latency
+from rag.store.cache import ArtifactCache, clear_memory
+from rag.run.pipeline import run
+from rag.run.query import retrieve_rerank
 from rag.retriever.base import Retriever
 from rag.types import Hits, RagError
 from tests.conftest import tiny_overrides

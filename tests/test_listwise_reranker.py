@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from rag.cache import ArtifactCache
-from rag.pipeline import run
+from rag.store.cache import ArtifactCache
+from rag.run.pipeline import run
 from rag.reranker.listwise import ListwiseReranker, read_order
 from rag.types import Chunk, Hits, RagError
 from tests.conftest import tiny_overrides
@@ -38,8 +38,8 @@ def ranking_server(mode: str = "ok"):
 def reranker(base_url: str, tmp_path, **kw) -> ListwiseReranker:
     from hydra import compose, initialize_config_dir
 
-    from rag.config import PROJECT_ROOT
-    from rag.session import create
+    from rag.config.compose import PROJECT_ROOT
+    from rag.run.session import create
 
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         node = compose(config_name="config", overrides=["reranker=llm_listwise", "llm@reranker.llm=openai",

@@ -10,13 +10,13 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.embedder.base import Embedder
 from rag.llm import ExtractiveGenerator, HFGenerator, PromptBuilder
 from rag.llm import loading as llm_module
 from rag.llm.prompt import DEFAULT_TEMPLATE, NO_ANSWER
 from rag.reranker.llm import LLMReranker
-from rag.session import create
+from rag.run.session import create
 from rag.types import Chunk, Context, Hits, RagError
 
 # ---------------------------------------------------------------------------------------------

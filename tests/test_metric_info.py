@@ -12,8 +12,8 @@ import pytest
 from eval import metrics as M
 from experiments import metric_info as MI
 from experiments.gate import main as gate_main
-from rag.config import PROJECT_ROOT
-from rag.output import format_table
+from rag.config.compose import PROJECT_ROOT
+from rag.run.output import format_table
 from rag.types import RagError
 from tests.test_experiments import write_run
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.embedder.onnx import export_onnx_model
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder, resolve_model_path
 from rag.types import RagError
@@ -92,8 +92,8 @@ def test_id_differs_by_backend_and_quantization():
     assert len({tuple(sorted(i.items())) for i in ids}) == 3
     assert onnx_e.id["backend"] == "onnx" and int8_e.id["quantize"] == "int8"
     from benchmarks.encoding import chunk_set_of
-    from rag.artifacts import Artifacts
-    from rag.cache import ArtifactCache
+    from rag.run.artifacts import Artifacts
+    from rag.store.cache import ArtifactCache
 
     arts = Artifacts(ArtifactCache("/nonexistent-never-written"), chunk_set_of(["a", "b"]))
     assert len({arts.vectors_key(e) for e in (torch_e, onnx_e, int8_e)}) == 3
@@ -117,7 +117,7 @@ def test_embedder_configs_compose(compose_cfg):
 
 
 def test_without_use_cache_the_export_goes_to_the_default_cache(monkeypatch, tmp_path):
-    from rag.models import default_cache_root
+    from rag.store.models import default_cache_root
 
     monkeypatch.setenv("RAGRIG_CACHE", str(tmp_path))
     assert default_cache_root() == tmp_path

@@ -14,7 +14,7 @@ import pytest
 from rag.embedder.openai import OpenAIEmbedder
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
 from rag.endpoint import EndpointError, EndpointSettings
-from rag.pipeline import run
+from rag.run.pipeline import run
 from rag.types import RagError
 from tests.conftest import tiny_overrides
 from tests.scripted_endpoint import ScriptedEndpoint

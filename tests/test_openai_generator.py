@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rag.artifacts import Artifacts
-from rag.cache import ArtifactCache
+from rag.run.artifacts import Artifacts
+from rag.store.cache import ArtifactCache
 from rag.endpoint import EndpointSettings
 from rag.llm import OpenAIGenerator
 from rag.llm.answer_cache import RECORD_KIND, answer_keys
 from rag.llm.hf import render_chat
-from rag.output import format_table
-from rag.pipeline import run
-from rag.session import create
+from rag.run.output import format_table
+from rag.run.pipeline import run
+from rag.run.session import create
 from rag.timing import StageTimer
 from rag.types import Context, RagError
 from tests.conftest import tiny_overrides
@@ -291,7 +291,7 @@ def test_empty_answers_read_from_the_cache_are_said_on_every_run(tmp_path, caplo
 
 
 def test_answers_stopped_at_max_tokens_are_counted_in_the_terminal_metrics_and_report(tiny_files, compose_cfg, caplog):
-    from rag.result import RunResult
+    from rag.run.result import RunResult
 
     with ScriptedEndpoint(lambda r, n: reply("An answer cut off at", finish="length")) as srv:
         with caplog.at_level("WARNING"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.llm.openvino import OpenVINOGenerator, export_command, export_toolchain
 from rag.types import Context, RagError
 
@@ -31,7 +31,7 @@ def test_llm_openvino_composes_with_smollm2s_prompt(compose_cfg):
 
 
 def test_llm_openvino_passes_the_start_up_checks(compose_cfg):
-    from rag.settings import load
+    from rag.run.settings import load
 
     assert load(compose_cfg(["+version=v3", "llm=openvino"])).nodes.llm["weights"] == "int8"
 

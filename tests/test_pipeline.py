@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from rag.cache import make_key
-from rag.config import PROJECT_ROOT
+from rag.store.cache import make_key
+from rag.config.compose import PROJECT_ROOT
 from rag.embedder.backend_choice import candidate_named
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
-from rag.output import format_table
-from rag.pipeline import run
+from rag.run.output import format_table
+from rag.run.pipeline import run
 from rag.types import RagError
 from tests.conftest import tiny_overrides
 
@@ -44,11 +44,11 @@ def test_v1_writes_scored_results(tiny_files, compose_cfg):
 def test_every_run_names_each_embedder_roles_backend_and_why(tiny_files, compose_cfg, caplog):
     """backend: auto by default for both roles; the evaluation's is fp32's own vectors."""
     cfg = compose_cfg(tiny_overrides(tiny_files) + ["+version=v1"])
-    with caplog.at_level(logging.INFO, logger="rag.pipeline"):
+    with caplog.at_level(logging.INFO, logger="rag.run.pipeline"):
         metrics = run(cfg, tiny_files["out"])
     backends = metrics["backends"]
     assert set(backends) == {"embedder", "eval.embedder"} and backends["eval.embedder"]["precision"] == "fp32"
-    said = [r.getMessage() for r in caplog.records if r.name == "rag.pipeline"]
+    said = [r.getMessage() for r in caplog.records if r.name == "rag.run.pipeline"]
     for role, note in backends.items():
         assert note["line"].startswith(f"{note['backend']} {note['precision']}")
         assert f"{role}: {note['line']}" in said

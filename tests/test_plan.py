@@ -1,4 +1,4 @@
-"""The dry run (rag/plan.py): for every served role, what the run would send given the cache,
+"""The dry run (rag/run/plan.py): for every served role, what the run would send given the cache,
 with nothing sent; the counts it calls exact are the ones the run itself then reports, and a
 sweep's plan counts work its jobs share once. One scripted server plays the embedding, rerank and
 chat engines (tests/test_server.py runs real ones)."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rag.output import format_table
-from rag.pipeline import run
-from rag.plan import combine
+from rag.run.output import format_table
+from rag.run.pipeline import run
+from rag.run.plan import combine
 from tests.conftest import PROJECT_ROOT, tiny_overrides
 from tests.scripted_endpoint import ScriptedEndpoint, echo
 from tests.test_http_reranker import overlap

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from experiments.pooling import main, pool_runs
-from rag.pipeline import run
+from rag.run.pipeline import run
 from tests.scripted_endpoint import ScriptedEndpoint
 from tests.test_relevance import grader, judged
 
@@ -85,7 +85,7 @@ def test_an_interrupted_pooling_is_refused_by_readers_until_the_one_command_it_n
     import experiments.pooling as pooling
     from experiments.compare import main as compare
     from experiments.gate import main as gate
-    from rag.rundir import POOLING_PENDING, Unfinished
+    from rag.run.rundir import POOLING_PENDING, Unfinished
 
     runs = [tmp_path / "dense", tmp_path / "bm25"]
     with ScriptedEndpoint(chat=grader()) as srv:
@@ -126,7 +126,7 @@ def test_an_interrupted_pooling_is_refused_by_readers_until_the_one_command_it_n
 
 def test_an_interrupted_sweep_says_what_it_left_unfinished_and_not_that_nothing_was(monkeypatch, capsys):
     import run as entry
-    from rag.rundir import Unfinished
+    from rag.run.rundir import Unfinished
 
     def interrupted() -> None:
         raise Unfinished("2 runs are marked pooling pending (pooling_pending.json); their per_question.jsonl and "

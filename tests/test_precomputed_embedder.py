@@ -12,7 +12,7 @@ from rag.chunker import SlidingWindowChunker
 from rag.embedder.base import Embedder
 from rag.embedder.precomputed import PrecomputedEmbedder
 from rag.embedder.sentence_transformer import SentenceTransformerEmbedder
-from rag.pipeline import run
+from rag.run.pipeline import run
 from rag.types import Document, RagError
 from tests.conftest import TINY_DOCS, tiny_overrides
 

@@ -1,4 +1,4 @@
-"""rag/preflight.py: the data checks, each one line, all run in one step after the inputs load
+"""rag/run/preflight.py: the data checks, each one line, all run in one step after the inputs load
 and before anything is chunked or any model loads. The whole-pipeline messages are in the
 bad-input table (tests/test_bad_input.py); here, each check on its own and the order they run in."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from rag import preflight
+from rag.run import preflight
 from rag.types import Document, QAItem, RagError, Relevance
 
 DOCS = [Document("d1", "x" * 100, "libc"), Document("d2", "y" * 10, "torch")]

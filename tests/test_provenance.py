@@ -1,4 +1,4 @@
-"""Where a run's questions and relevance labels came from (rag/provenance.py: what a run records;
+"""Where a run's questions and relevance labels came from (rag/run/provenance.py: what a run records;
 experiments/provenance.py: what the reports say of a set of runs). A run on a question file that
 `python -m rag.testset` wrote says so in metrics.json, per_question.jsonl (with each generating
 passage's text), its terminal table, the verdict, summary.md and report.html; a run on questions
@@ -16,9 +16,9 @@ from experiments import provenance as XP
 from experiments.aggregate import load_records
 from experiments.report import ReportSettings
 from experiments.report_files import build_report
-from rag import provenance as RP
-from rag.output import format_table
-from rag.pipeline import run
+from rag.run import provenance as RP
+from rag.run.output import format_table
+from rag.run.pipeline import run
 from rag.types import Document, QAItem
 from tests.conftest import TINY_DOCS, TINY_QA, tiny_overrides, write_jsonl
 from tests.test_report_html import embedded
@@ -114,7 +114,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     two chunk sizes) and on both together (mixed)."""
     from hydra import compose, initialize_config_dir
 
-    from rag.config import PROJECT_ROOT
+    from rag.config.compose import PROJECT_ROOT
 
     tmp = tmp_path_factory.mktemp("provenance")
     files = {"corpus": write_jsonl(tmp / "corpus.jsonl", [{"id": i, "text": t, "source": s} for i, s, t in TINY_DOCS]),

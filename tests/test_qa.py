@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import data_dir
+from rag.config.compose import data_dir
 from rag.qa.jsonl import JsonlQuestions
 from rag.qa.mixed import MixedQuestions
 from rag.qa.pubmedqa import PubMedQAQuestions

@@ -85,7 +85,7 @@ def test_every_question_config_has_a_split_that_defaults_to_all(compose_cfg):
 
 def test_run_records_the_split_and_scores_only_the_test_part(tiny_files, compose_cfg):
     """metrics.json names the split; per_question.jsonl holds only test-part questions."""
-    from rag.pipeline import run
+    from rag.run.pipeline import run
     from tests.conftest import tiny_overrides
 
     cfg = compose_cfg(tiny_overrides(tiny_files) + ["qa.split.part=test", "qa.split.fraction=0.5", "qa.split.seed=2"])

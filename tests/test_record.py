@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eval.record import QuestionLatency, QuestionRecord
-from rag import strict_json
+from rag.store import strict_json
 from rag.types import Relevance
 
 FIX = Path(__file__).parent / "fixtures" / "per_question"
@@ -24,7 +24,7 @@ def line(name: str) -> str:
 
 
 def written(rec: QuestionRecord) -> str:
-    """As rag.output writes a record into per_question.jsonl."""
+    """As rag.run.output writes a record into per_question.jsonl."""
     return strict_json.dumps(rec.to_json(), ensure_ascii=False)
 
 

@@ -1,4 +1,4 @@
-"""Records (rag/cache.py get_record/put_record, checked by rag/cache_records.py): the small JSON results cached one by one (answers,
+"""Records (rag/store/cache.py get_record/put_record, checked by rag/store/cache_records.py): the small JSON results cached one by one (answers,
 rerank scores, judgements, context lines, excerpts, listwise orders) are checked before use like
 the artifacts are. A damaged, truncated, moved or unchecked record is named in one warning and read
 as absent, so that its caller computes it again; a seed record is read only when its bytes match
@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from eval.judge import RECORD_KIND as JUDGEMENTS
-from rag.cache import SEED_INDEX, ArtifactCache
-from rag.cache_records import RECORD_SUMS
+from rag.store.cache import SEED_INDEX, ArtifactCache
+from rag.store.cache_records import RECORD_SUMS
 from rag.chunker.contextualize import CONTEXTS
 from rag.compressor.llm import EXCERPTS
 from rag.llm.answer_cache import RECORD_KIND as ANSWERS
 from rag.llm.answer_cache import answer_keys, generate_resumable
 from rag.reranker.listwise import ORDERS
 from rag.reranker.pointwise import SCORES
-from rag.seed import build_seed, seal_records
+from rag.store.seed import build_seed, seal_records
 from rag.timing import StageTimer
 from rag.types import Hits, RagError
 from tests.scripted_endpoint import ScriptedEndpoint, echo
@@ -36,11 +36,11 @@ RECORD = {"scores": [-5.42, 0.5], "text": "F_SETLK acquiert un verrou — ✓"}
 
 @pytest.fixture(autouse=True)
 def _warnings(caplog):
-    caplog.set_level(logging.WARNING, logger="rag.cache")
+    caplog.set_level(logging.WARNING, logger="rag.store.cache")
 
 
 def warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "rag.cache"]
+    return [r.getMessage() for r in caplog.records if r.name == "rag.store.cache"]
 
 
 def flip_sign(path: Path) -> None:

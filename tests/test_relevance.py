@@ -7,7 +7,7 @@ import json
 import pytest
 
 from eval.relevance import document_labels, parse_grade
-from rag.pipeline import run
+from rag.run.pipeline import run
 from rag.types import RagError, Relevance
 from tests.conftest import TINY_DOCS, TINY_QA, tiny_overrides
 from tests.scripted_endpoint import ScriptedEndpoint, completion
@@ -44,7 +44,7 @@ def test_only_a_whole_number_0_to_3_is_a_grade(reply):
 
 
 def test_a_judge_reply_that_held_no_answer_is_unjudged_and_asked_again(tmp_path):
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
     from rag.endpoint import EndpointSettings
     from rag.llm import OpenAIGenerator
     from rag.types import Chunk

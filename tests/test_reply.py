@@ -1,10 +1,10 @@
-"""A server's reply read as data (rag/reply.py): a string no file can hold is refused where it
+"""A server's reply read as data (rag/serving/reply.py): a string no file can hold is refused where it
 stands, as a number JSON does not have is (tests/test_endpoint.py), for every role."""
 from __future__ import annotations
 
 import pytest
 
-from rag.reply import BadReply, decode_reply
+from rag.serving.reply import BadReply, decode_reply
 from tests.scripted_endpoint import ScriptedEndpoint
 
 # JSON may escape half of a UTF-16 pair ("\ud800"); Python reads it into a str that UTF-8 cannot

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.embedder.backend_choice import ONNX_FP32, REFERENCE, TORCH_BF16
 from rag.reranker import backend_choice
 from rag.reranker.backend_choice import MIN_OVERLAP, Measured, choose, explain, measure, probe_pairs

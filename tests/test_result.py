@@ -1,4 +1,4 @@
-"""rag.result.RunResult: metrics.json read and written back unchanged, and its flat row.
+"""rag.run.result.RunResult: metrics.json read and written back unchanged, and its flat row.
 
 Fixtures (tests/fixtures/metrics): full.json (a run with every key: slice, qa_split, latency_method,
 usage, routing, provenance), baseline.json (no usage, no routing), older.json (from before qa_split,
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.result import ABSENT, KEY_ORDER, Objective, RunResult, metric_columns
+from rag.run.result import ABSENT, KEY_ORDER, Objective, RunResult, metric_columns
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 NAMES = ("full", "baseline", "older")

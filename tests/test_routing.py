@@ -11,14 +11,14 @@ import pytest
 
 from experiments.aggregate import load_records
 from experiments.report import ReportSettings, analyze, summary_markdown
-from rag.output import format_table
-from rag.pipeline import run
-from rag.result import RunResult
+from rag.run.output import format_table
+from rag.run.pipeline import run
+from rag.run.result import RunResult
 from rag.retriever.lexical import BM25Retriever
 from rag.retriever.routing import Calibration, Route, Router, calibrated_threshold, lost_recall, routing_report
 from rag.retriever.source_filter import source_filters
-from rag.session import open_session
-from rag.settings import load
+from rag.run.session import open_session
+from rag.run.settings import load
 from rag.types import RagError
 from tests.conftest import TINY_QA, tiny_overrides, write_jsonl
 

@@ -1,7 +1,7 @@
 """Results are never lost or mixed: every run gets its own directory (also runs started in the same
 second), a directory in use is refused, a rerun into a fixed directory leaves no stale results, a
 sweep's summary covers exactly its own jobs (also in a reused sweep directory), and a sweep whose
-jobs all failed exits non-zero. Real commands in subprocesses on the tiny corpus (rag/rundir.py)."""
+jobs all failed exits non-zero. Real commands in subprocesses on the tiny corpus (rag/run/rundir.py)."""
 from __future__ import annotations
 
 import fcntl
@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rag.config import PROJECT_ROOT
-from rag.pipeline import run
-from rag.rundir import LOCK_FILE, RESULT_FILES, RUN_MARKER, SWEEP_STAMP
+from rag.config.compose import PROJECT_ROOT
+from rag.run.pipeline import run
+from rag.run.rundir import LOCK_FILE, RESULT_FILES, RUN_MARKER, SWEEP_STAMP
 from tests.conftest import TINY_DOCS, tiny_overrides
 from tests.test_cli_errors import ENV, assert_one_line, error_lines, printed_paths
 
@@ -99,7 +99,7 @@ def test_a_failed_rerun_into_a_fixed_directory_leaves_no_stale_results(warm, tmp
 
 
 # What a run directory may hold besides RESULT_FILES: Hydra's config copy and log, the run's marker
-# and lock. Anything else would survive a failed rerun (rag.rundir.claim removes RESULT_FILES).
+# and lock. Anything else would survive a failed rerun (rag.run.rundir.claim removes RESULT_FILES).
 NOT_RESULTS = {".hydra", "run.log", RUN_MARKER, LOCK_FILE}
 
 
@@ -337,7 +337,7 @@ def test_a_failed_sweep_job_is_one_line_on_the_terminal_and_kept_in_its_log(warm
 def test_a_sweep_summary_removes_only_the_files_the_earlier_summary_listed(tmp_path):
     from experiments.aggregate import load_records
     from experiments.report_files import build_report
-    from rag.rundir import REPORT_MARKER, remove_report
+    from rag.run.rundir import REPORT_MARKER, remove_report
     from tests.test_experiments import write_run
 
     d = tmp_path / "sweep"
@@ -368,10 +368,10 @@ def test_a_released_directory_can_be_claimed_by_another_process(tmp_path):
     import subprocess
     import sys
 
-    from rag import rundir
+    from rag.run import rundir
 
     rundir.claim(tmp_path / "run")
-    probe = [sys.executable, "-c", "import sys; from rag import rundir; from rag.types import RagError\n"
+    probe = [sys.executable, "-c", "import sys; from rag.run import rundir; from rag.types import RagError\n"
              "try:\n    rundir.claim(sys.argv[1])\nexcept RagError:\n    sys.exit(3)", str(tmp_path / "run")]
     assert subprocess.run(probe, cwd=PROJECT_ROOT).returncode == 3, "held while claimed"
     rundir.release(tmp_path / "run")
@@ -404,7 +404,7 @@ def test_a_sweep_into_a_folder_holding_the_users_file_is_refused_before_hydra_wr
 
 def test_a_second_sweep_into_a_directory_in_use_gets_one_line(warm, tmp_path):
     """The sweep holding the directory is named by its pid while that pid runs its recorded command."""
-    from rag.rundir import SWEEP_LOCK, lock_sweep, unlock_sweep
+    from rag.run.rundir import SWEEP_LOCK, lock_sweep, unlock_sweep
 
     d = tmp_path / "shared-sweep"
     lock_sweep(d)  # a sweep of this process holds it, as a running `python run.py -m` would
@@ -417,7 +417,7 @@ def test_a_second_sweep_into_a_directory_in_use_gets_one_line(warm, tmp_path):
 
 
 def test_a_stale_sweep_lock_of_a_dead_process_does_not_block(tmp_path):
-    from rag.rundir import SWEEP_LOCK, lock_sweep, unlock_sweep
+    from rag.run.rundir import SWEEP_LOCK, lock_sweep, unlock_sweep
 
     d = tmp_path / "after-a-crash"
     d.mkdir()
@@ -432,7 +432,7 @@ def test_a_stale_sweep_lock_of_a_dead_process_does_not_block(tmp_path):
 
 def test_a_lock_holder_is_named_only_while_its_pid_runs_the_recorded_command(tmp_path):
     """A pid is reused: a lock file naming a live pid with another command line names nobody."""
-    from rag.rundir import SWEEP_LOCK, lock_sweep
+    from rag.run.rundir import SWEEP_LOCK, lock_sweep
     from rag.types import RagError
 
     d = tmp_path / "held"
@@ -449,7 +449,7 @@ def test_a_lock_holder_is_named_only_while_its_pid_runs_the_recorded_command(tmp
 @pytest.mark.parametrize("where", ["run", "sweep"])
 def test_a_lock_file_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path, where):
     """The lock file records its holder's pid: written through a link, it would overwrite the target."""
-    from rag import rundir
+    from rag.run import rundir
     from rag.types import RagError
 
     target = tmp_path / "my-notes.txt"
@@ -464,7 +464,7 @@ def test_a_lock_file_that_is_a_link_is_refused_and_its_target_left_alone(tmp_pat
 
 def test_a_listed_log_that_is_a_link_is_refused_before_it_is_truncated(tmp_path):
     """A run directory whose marker lists run.log, where run.log now links to a user's file."""
-    from rag import rundir
+    from rag.run import rundir
     from rag.types import RagError
 
     out = tmp_path / "run"
@@ -481,7 +481,7 @@ def test_a_listed_log_that_is_a_link_is_refused_before_it_is_truncated(tmp_path)
 def test_a_report_marker_never_removes_a_file_outside_its_directory(tmp_path):
     """A results folder received from someone else may list anything: absolute paths, '..', and
     paths through a link out of the folder are left alone."""
-    from rag.rundir import REPORT_MARKER, remove_report
+    from rag.run.rundir import REPORT_MARKER, remove_report
 
     outside = tmp_path / "home"
     outside.mkdir()
@@ -504,7 +504,7 @@ def test_a_charts_link_to_the_users_folder_is_refused_before_anything_is_removed
     from experiments.aggregate import load_records
     from experiments.callbacks import claim_sweep_dir
     from experiments.report_files import build_report
-    from rag.rundir import remove_report, write_sweep_stamp
+    from rag.run.rundir import remove_report, write_sweep_stamp
     from rag.types import RagError
     from tests.test_experiments import write_run
 
@@ -550,7 +550,7 @@ def test_an_interrupted_report_leaves_only_files_its_marker_claims(tmp_path, mon
     import experiments.report_files as rf
     from experiments.aggregate import load_records
     from experiments.callbacks import write_sweep_summary
-    from rag.rundir import REPORT_MARKER, foreign_report_file, remove_report
+    from rag.run.rundir import REPORT_MARKER, foreign_report_file, remove_report
     from tests.test_experiments import write_run
 
     d = tmp_path / "sweep"
@@ -580,7 +580,7 @@ def test_an_interrupted_report_leaves_only_files_its_marker_claims(tmp_path, mon
 def test_a_job_refused_its_directory_is_a_failed_job(tmp_path, capsys):
     from experiments.aggregate import load_records
     from experiments.callbacks import judge_sweep
-    from rag.rundir import record_refused, write_sweep_stamp
+    from rag.run.rundir import record_refused, write_sweep_stamp
     from tests.test_experiments import write_run
 
     d = tmp_path / "sweep"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from tests.conftest import tiny_overrides
 
 CODE_DIRS = ["rag", "eval", "experiments"]

@@ -1,4 +1,4 @@
-"""The configuration schema (rag/schema.py): every shipped configuration passes it, and a bad value
+"""The configuration schema (rag/config/schema.py): every shipped configuration passes it, and a bad value
 is one line naming the key and the value, whichever component the groups chose. A component's
 rules are its constructor's annotations: the same rule refuses a bad value in the config and in a
 direct call."""
@@ -12,9 +12,9 @@ import pytest
 from hydra.utils import get_method
 from omegaconf import OmegaConf
 
-from rag.config import PROJECT_ROOT
-from rag.schema import (Fraction, PositiveInt, Text, check_component, checked, parameter_rules, shown, string)
-from rag.settings import COMPONENTS, validate
+from rag.config.compose import PROJECT_ROOT
+from rag.config.schema import (Fraction, PositiveInt, Text, check_component, checked, parameter_rules, shown, string)
+from rag.run.settings import COMPONENTS, validate
 from rag.types import RagError
 from tests.test_configs import NEEDS
 

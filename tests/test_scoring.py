@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from eval.scoring import MemoizedEncoder
-from rag.cache import ArtifactCache, MemoryTier
+from rag.store.cache import ArtifactCache, MemoryTier
 
 
 class CountingEmbedder:

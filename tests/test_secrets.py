@@ -1,7 +1,7 @@
 """A secret never reaches a file or the terminal: a key given in the config (as a key override, in
 a config file, pasted where an environment variable's name belongs, or as a URL's password) is
 refused in one line that does not repeat it, before anything is written; and every log line and
-HTTP error line redacts what looks like one (rag/secrets.py, rag/logs.py)."""
+HTTP error line redacts what looks like one (rag/serving/secrets.py, rag/logs.py)."""
 from __future__ import annotations
 
 import json
@@ -14,11 +14,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from rag.endpoint import Endpoint
 from rag.logs import RedactingFormatter
-from rag.secrets import is_env_name, looks_like_secret, redact, redact_url
-from rag.settings import validate
+from rag.serving.secrets import is_env_name, looks_like_secret, redact, redact_url
+from rag.run.settings import validate
 from rag.types import RagError
 from tests.conftest import tiny_overrides, write_jsonl
 from tests.scripted_endpoint import ScriptedEndpoint, echo
@@ -204,7 +204,7 @@ def test_a_secret_on_the_command_line_is_refused_before_hydra_sees_it(tmp_path):
     (f"llm.base_url='http://bob:{PASSWORD}@127.0.0.1:9/v1'x", "http://…redacted@127.0.0.1:9/v1"),
 ])
 def test_hydras_own_errors_quote_an_override_without_its_secret(override, expect):
-    from rag.config import config_error_line
+    from rag.config.compose import config_error_line
 
     with pytest.raises(Exception) as e:  # whichever error Hydra raises, its line is ours
         _compose([override])
@@ -248,15 +248,15 @@ def test_a_key_outside_every_role_names_no_setting_that_does_not_exist():
 @pytest.mark.parametrize("name", ["max_tokens", "min_tokens", "bos_token", "pad_token", "per_token", "api_key_env",
                                   "token_env", "skip_special_tokens", "tokenizer", "top_k", "key"])
 def test_settings_that_only_look_like_credentials_are_not_refused(name):
-    from rag.secrets import is_secret_key
+    from rag.serving.secrets import is_secret_key
 
     assert not is_secret_key(name) and not is_secret_key(f"llm.endpoint.extra_body.{name}")
 
 
 @pytest.fixture
 def noted(monkeypatch):
-    """A fresh record of the values interpolated from the environment (rag.secrets), for this test."""
-    from rag import secrets
+    """A fresh record of the values interpolated from the environment (rag.serving.secrets), for this test."""
+    from rag.serving import secrets
 
     monkeypatch.setattr(secrets, "_FROM_ENVIRONMENT", {}, raising=False)
     return secrets
@@ -277,7 +277,7 @@ def test_a_value_from_the_environment_is_written_as_its_interpolation(noted, mon
 
 
 def test_no_value_from_the_environment_reaches_a_runs_files_or_its_cache(tiny_files, compose_cfg, noted, monkeypatch):
-    from rag.pipeline import run
+    from rag.run.pipeline import run
 
     value = "PLANTEDsessionvalue-55"
     monkeypatch.setenv("MY_SESSION", value)

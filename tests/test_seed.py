@@ -1,4 +1,4 @@
-"""The seed that ships in data/seed/ (rag/seed.py, rag/cache.py): it holds exactly what a cold
+"""The seed that ships in data/seed/ (rag/store/seed.py, rag/store/cache.py): it holds exactly what a cold
 `make demo` would otherwise compute from the shipped data, and it is current, so that a code change
 to a key of those artifacts fails here rather than silently making the demo slow again (`make seed`
 rebuilds it)."""
@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.cache import ArtifactCache
-from rag.cache_records import RECORD_SUMS
-from rag.config import PROJECT_ROOT
-from rag.pipeline import run
+from rag.store.cache import ArtifactCache
+from rag.store.cache_records import RECORD_SUMS
+from rag.config.compose import PROJECT_ROOT
+from rag.run.pipeline import run
 from rag.reranker.pointwise import SCORES
-from rag.seed import INDEX, build_seed, main
+from rag.store.seed import INDEX, build_seed, main
 from tests.conftest import MODEL_CACHE
 
 SEED = PROJECT_ROOT / "data" / "seed"
@@ -41,7 +41,7 @@ def test_every_seed_record_matches_its_checksum(tmp_path, caplog):
     seeded = ArtifactCache(tmp_path / "cache", seed=SEED)
     assert all(seeded.get_record("rerank_scores", key) for key in index[RECORD_SUMS]["rerank_scores"]), \
         "every record matches its checksum"
-    assert not [r for r in caplog.records if r.name == "rag.cache"]
+    assert not [r for r in caplog.records if r.name == "rag.store.cache"]
 
 
 @pytest.mark.heavy
@@ -86,7 +86,7 @@ def test_build_seed_copies_intact_vectors_and_score_records(tmp_path, capsys):
 
 def test_a_missing_cache_is_one_line_and_exit_2(tmp_path, capsys):
     assert main([str(tmp_path / "absent")]) == 2
-    assert capsys.readouterr().err.strip() == f"rag.seed: error: {tmp_path / 'absent'}: no such directory"
+    assert capsys.readouterr().err.strip() == f"rag.store.seed: error: {tmp_path / 'absent'}: no such directory"
 
 
 def _v3(cfg_for, cache: Path, model_cache: Path, seed: Path, out: Path) -> list[dict]:
@@ -129,7 +129,7 @@ def test_a_seed_record_with_a_flipped_byte_is_named_and_scored_anew_as_an_unseed
     models = tmp_path / "models"
     for kind in ("onnx_model", "cross_encoder", "corpus"):
         shutil.copytree(MODEL_CACHE / kind, models / kind, copy_function=os.link)
-    caplog.set_level(logging.WARNING, logger="rag.cache")
+    caplog.set_level(logging.WARNING, logger="rag.store.cache")
     flipped = _v3(compose_cfg, tmp_path / "cache", models, seed, tmp_path / "flipped")
     assert f"cache: seed record {path} is damaged (its sha256 differs from the one in {seed / INDEX}); " \
            "computing it instead" in [r.getMessage() for r in caplog.records]

@@ -1,4 +1,4 @@
-"""Whether a component runs behind a server: its `endpoint`, its own or its generator's (rag/served.py)."""
+"""Whether a component runs behind a server: its `endpoint`, its own or its generator's (rag/serving/served.py)."""
 from __future__ import annotations
 
 from rag.chunker.contextualize import LLMContextualizer
@@ -8,7 +8,7 @@ from rag.llm.base import Generator, NoGenerator
 from rag.llm.openai import OpenAIGenerator
 from rag.reranker.base import NoReranker
 from rag.reranker.listwise import ListwiseReranker
-from rag.served import served
+from rag.serving.served import served
 from rag.types import Context
 
 

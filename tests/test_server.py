@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from rag.cache import ArtifactCache
-from rag.config import PROJECT_ROOT
+from rag.store.cache import ArtifactCache
+from rag.config.compose import PROJECT_ROOT
 from rag.endpoint import EndpointSettings
 from rag.llm import OpenAIGenerator
 from rag.llm.loading import servable_folder
 from rag.llm.servable import TransformersServer
-from rag.servers import InfinityServer, free_port
-from rag.pipeline import run
+from rag.serving.servers import InfinityServer, free_port
+from rag.run.pipeline import run
 from rag.types import Context, RagError
 from tests.conftest import TINY_DOCS, TINY_QA, write_jsonl
 
@@ -195,8 +195,8 @@ def test_the_judge_counts_what_it_could_not_measure(reference, server, model, ro
 def infinity(model, root):
     """Infinity (its own venv: make infinity) serving the folders the in-process models load: the
     packaged MiniLM as `minilm`, the cross-encoder restored from models/cross_encoder as `ce`."""
-    from rag.models import resolve_model
-    from rag.session import create
+    from rag.store.models import resolve_model
+    from rag.run.session import create
 
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         node = compose(config_name="config", overrides=["reranker=cross_encoder"]).reranker

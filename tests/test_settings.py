@@ -1,4 +1,4 @@
-"""rag/settings.py: the composed config becomes typed settings once, at the door; below it no
+"""rag/run/settings.py: the composed config becomes typed settings once, at the door; below it no
 module reads the raw config, and each component is built from its own node."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from eval.scoring import ScoreSettings
-from rag.config import PROJECT_ROOT, register_resolvers
-from rag.latency import LatencySettings
-from rag.settings import Settings, load
+from rag.config.compose import PROJECT_ROOT, register_resolvers
+from rag.run.latency import LatencySettings
+from rag.run.settings import Settings, load
 from rag.types import RagError
 
 register_resolvers()
@@ -72,8 +72,8 @@ def test_a_bad_value_is_one_line_at_the_door(override, message):
 # command-line entry points that compose it and hand it to the door at once, the session's
 # `create` (a component's node), and the pipeline's run, which accepts a composed config for
 # library callers and passes it through the door first.
-MAY_HOLD_CONFIG = {"rag/settings.py", "rag/schema.py", "rag/session.py", "rag/pipeline.py", "rag/config.py",
-                   "rag/output.py", "rag/ask.py", "rag/corpus/export.py", "rag/reranker/training/cli.py",
+MAY_HOLD_CONFIG = {"rag/run/settings.py", "rag/config/schema.py", "rag/run/session.py", "rag/run/pipeline.py", "rag/config/compose.py",
+                   "rag/run/output.py", "rag/ask.py", "rag/corpus/export.py", "rag/reranker/training/cli.py",
                    "rag/testset/__main__.py"}
 
 
@@ -106,6 +106,6 @@ def test_no_module_below_the_door_reads_the_composed_config():
 ])
 def test_the_slice_settings_a_user_set_are_the_ones_on_the_command_line(overrides, chosen):
     """Outside a Hydra run (the Python API) every sample counts as the user's."""
-    from rag.settings import chosen_slice_settings
+    from rag.run.settings import chosen_slice_settings
 
     assert chosen_slice_settings(overrides) == chosen

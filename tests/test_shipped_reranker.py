@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from rag.cache import file_sha256
-from rag.config import PROJECT_ROOT
-from rag.fitted import described
+from rag.store.cache import file_sha256
+from rag.config.compose import PROJECT_ROOT
+from rag.run.fitted import described
 from rag.reranker.training.shipped import LAYERS, SHIPPED_DIR, WEIGHTS, restore, shipped_fitted_on, shipped_manifest
 
 MANIFEST_DATA = shipped_manifest()
@@ -58,7 +58,7 @@ def test_a_reranker_cache_builds_the_shipped_model_without_training(tmp_path, mo
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
     from rag.reranker.training import artifact
 
     def no_training(*a, **k):
@@ -93,7 +93,7 @@ def test_retraining_the_recipe_reproduces_the_shipped_ranking(tmp_path):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
     from rag.reranker.cross_encoder import load_cross_encoder
     from rag.reranker.logits import predict_logits
     from rag.reranker.training.artifact import dataset_for

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from rag.corpus.slicing import Kept
-from rag.pipeline import run
+from rag.run.pipeline import run
 from tests.conftest import MODEL_CACHE, TINY_DOCS, write_jsonl
 
 GROUPS = ("libc", "pytorch", "pubmed")

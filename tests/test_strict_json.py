@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rag import strict_json
+from rag.store import strict_json
 
 
 def _parse_strictly(text: str) -> object:
@@ -35,7 +35,7 @@ def test_finite_values_and_other_types_are_untouched():
 
 
 def test_the_run_writer_never_writes_a_non_standard_token(tmp_path):
-    from rag.output import write_results
+    from rag.run.output import write_results
 
     result = {"config": {"variant": "v1"}, "metrics": {"mrr": float("nan"), "latency": float("inf")}}
     records = [{"id": "q1", "mrr": float("nan"), "scores": [float("inf"), 1.0]}]
@@ -96,7 +96,7 @@ def test_a_line_that_is_no_record_is_refused_naming_its_line(content, problem, t
 
 def test_an_answer_holding_a_line_separator_is_one_record(tmp_path):
     from eval.record import read_lines
-    from rag.output import write_results
+    from rag.run.output import write_results
 
     records = [{"id": "q1", "answer": "one\u2028two\u0085three\x1cfour", "mrr": 1.0}, {"id": "q2", "mrr": None}]
     write_results(tmp_path, {"config": {}}, records)
@@ -107,7 +107,7 @@ def test_the_gate_refuses_an_infinite_value_in_one_line_with_status_2(tmp_path):
     import subprocess
     import sys
 
-    from rag.config import PROJECT_ROOT
+    from rag.config.compose import PROJECT_ROOT
 
     base, cand = _runs_with(tmp_path, "Infinity")
     done = subprocess.run([sys.executable, "-m", "experiments.gate", str(base), str(cand), "--metric", "mrr",

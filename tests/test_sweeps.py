@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from rag.cache import ArtifactCache
-from rag.config import PROJECT_ROOT
+from rag.store.cache import ArtifactCache
+from rag.config.compose import PROJECT_ROOT
 from tests.conftest import TINY_DOCS, TINY_QA, tiny_overrides, write_jsonl
 from tests.test_experiments import assert_valid_png
 

@@ -180,7 +180,7 @@ def test_a_served_llm_writes_the_toy_set_the_dry_run_counts_it_and_a_rerun_asks_
 
 
 def test_the_written_file_is_a_question_set_for_qa_jsonl_and_a_run(tmp_path, compose_cfg):
-    from rag.pipeline import run
+    from rag.run.pipeline import run
 
     with ScriptedEndpoint(chat=toy_chat) as srv:
         generate(overrides(srv, tmp_path, "testset.n=4"))

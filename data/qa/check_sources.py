@@ -240,8 +240,8 @@ def corpus_ids() -> set[str]:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from rag.cache import ArtifactCache
-    from rag.config import register_resolvers
+    from rag.store.cache import ArtifactCache
+    from rag.config.compose import register_resolvers
     from rag.corpus.loading import load_corpus
 
     register_resolvers()

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 
 from rag.reranker.base import Reranker
-from rag.schema import PositiveInt, checked
+from rag.config.schema import PositiveInt, checked
 from rag.types import Chunk, Hits
 
 WORD = re.compile(r"[a-z0-9]+")
@@ -20,7 +20,7 @@ class WordOverlapReranker(Reranker):
     """Orders each question's top_n candidates by the number of question words they contain;
     ties keep the first stage's order."""
 
-    @checked("reranker")  # each argument must pass its annotation's rule (rag/schema.py)
+    @checked("reranker")  # each argument must pass its annotation's rule (rag/config/schema.py)
     def __init__(self, top_n: PositiveInt = 20, min_word_chars: PositiveInt = 3) -> None:
         self.top_n = top_n
         self.min_word_chars = min_word_chars

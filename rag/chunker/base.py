@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from rag.schema import check_arguments
+from rag.config.schema import check_arguments
 from rag.types import Chunk, Document, RagError, make_chunk
 
 Span = tuple[int, int]

@@ -24,9 +24,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from rag.cache import ArtifactCache, make_key
+from rag.store.cache import ArtifactCache, make_key
 from rag.llm.base import Generator, generate_each
-from rag.schema import PositiveInt, checked
+from rag.config.schema import PositiveInt, checked
 from rag.types import Chunk, Context, Document, RagError
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class LLMContextualizer:
         self.stats = {"chunks": 0, "generated": 0, "from_cache": 0, "empty": 0}
 
     def use_cache(self, cache: Any) -> None:
-        from rag.models import use_cache
+        from rag.store.models import use_cache
 
         use_cache(self.llm, cache)  # the generator's own model artifacts (the GGUF conversion)
 

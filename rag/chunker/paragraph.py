@@ -10,7 +10,7 @@ from rag.chunker.base import (
     sentence_spans,
     spans_to_chunks,
 )
-from rag.schema import PositiveInt, checked
+from rag.config.schema import PositiveInt, checked
 from rag.types import Chunk, Document
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rag.chunker.base import BaseChunker, Span, check_overlap, spans_to_chunks, text_bounds, trim_span, window_spans
-from rag.schema import NonNegativeInt, PositiveInt, Separators, checked
+from rag.config.schema import NonNegativeInt, PositiveInt, Separators, checked
 from rag.types import Chunk, Document
 
 DEFAULT_SEPARATORS = ("\n\n", "\n", ". ", " ", "")

@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rag.chunker.base import BaseChunker, check_chunker
-from rag.schema import PositiveInt, checked
+from rag.config.schema import PositiveInt, checked
 from rag.types import Chunk, Document, RagError
 
 
@@ -36,7 +36,7 @@ class RoutedChunker(BaseChunker):
 
     def use_cache(self, cache: Any) -> None:
         """The session's model cache, for the routed chunkers that hold a model."""
-        from rag.models import use_cache
+        from rag.store.models import use_cache
 
         for chunker in [*self.routes.values(), self.default]:
             use_cache(chunker, cache)

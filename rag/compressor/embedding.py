@@ -10,8 +10,8 @@ import numpy as np
 from rag.chunker import sentence_spans
 from rag.compressor.base import Compressor
 from rag.embedder.base import Embedder
-from rag.models import use_cache
-from rag.schema import Cosine, checked
+from rag.store.models import use_cache
+from rag.config.schema import Cosine, checked
 from rag.types import Context
 
 

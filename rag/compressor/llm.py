@@ -17,12 +17,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rag.cache import make_key
+from rag.store.cache import make_key
 from rag.chunker import sentence_spans
 from rag.compressor.base import Compressor
 from rag.llm.base import Generator, withheld
-from rag.models import UsesCache, use_cache
-from rag.schema import Text, checked
+from rag.store.models import UsesCache, use_cache
+from rag.config.schema import Text, checked
 from rag.types import Context, RagError
 
 log = logging.getLogger(__name__)

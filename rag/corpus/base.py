@@ -77,7 +77,7 @@ class Corpus:
 
     def title(self) -> str:
         """What a person calls this corpus in a sentence ("PubMedQA", "libc", "docs.jsonl"): the
-        reports name the corpora a fitted part learnt from by it (rag/fitted.py)."""
+        reports name the corpora a fitted part learnt from by it (rag/run/fitted.py)."""
         return type(self).__name__.removesuffix("Corpus")
 
     def fingerprint(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.corpus.base import Corpus, as_path, file_fingerprint, jsonl_records, read_text, text_field
-from rag.schema import FilePath, checked
+from rag.config.schema import FilePath, checked
 from rag.types import Document, QAItem, RagError, Relevance, check_grade
 
 

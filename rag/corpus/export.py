@@ -14,11 +14,11 @@ from pathlib import Path
 
 from hydra.utils import instantiate
 
-from rag.atomic import atomic_write_text
-from rag.cache import ArtifactCache
+from rag.store.atomic import atomic_write_text
+from rag.store.cache import ArtifactCache
 from rag.corpus.loading import load_corpus
-from rag.config import PROJECT_ROOT, compose_config
-from rag.settings import load
+from rag.config.compose import PROJECT_ROOT, compose_config
+from rag.run.settings import load
 from rag.types import RagError
 
 
@@ -26,7 +26,7 @@ DEFAULT_CORPORA = ("pubmedqa", "libc", "pytorch")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rag.cli import HelpFormatter
+    from rag.config.cli import HelpFormatter
 
     parser = argparse.ArgumentParser(prog="python -m rag.corpus.export", description=__doc__.splitlines()[0],
                                      formatter_class=HelpFormatter)
@@ -58,6 +58,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli
+    from rag.config.cli import run_cli
 
     run_cli(main)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rag.corpus.base import Corpus, aliased_field, as_path, claim_id, file_fingerprint, iter_jsonl, present_field
-from rag.schema import FilePath, checked
+from rag.config.schema import FilePath, checked
 from rag.types import Document, RagError
 
 GROUP, OLD_GROUP = "group", "source"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.corpus.base import Corpus, as_path, check_documents, listing_fingerprint
-from rag.schema import Directory, PositiveInt, Text, checked
+from rag.config.schema import Directory, PositiveInt, Text, checked
 from rag.types import Document, RagError
 
 log = logging.getLogger(__name__)

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag import chunk_store
-from rag.cache import ArtifactCache, make_key
-from rag.chunk_store import ChunkWriter, DocumentStore, document_row
+from rag.store import chunk_store
+from rag.store.cache import ArtifactCache, make_key
+from rag.store.chunk_store import ChunkWriter, DocumentStore, document_row
 from rag.corpus.base import Corpus
 from rag.corpus.slicing import check_unique_ids
-from rag.legacy_cache import old_documents
+from rag.store.legacy_cache import old_documents
 from rag.types import Document
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ def load_corpus(corpus: Corpus, cache: ArtifactCache) -> tuple[Sequence[Document
     """(documents, skipped inputs). Rendering man pages or walking torch's docstrings takes tens
     of seconds, so every corpus (each part of a mixed corpus on its own) is cached under the key
     of its `fingerprint()`. The documents are streamed from the reader into a store read by row
-    (rag/chunk_store.py), never held whole: a corpus of millions of abstracts is returned as a
+    (rag/store/chunk_store.py), never held whole: a corpus of millions of abstracts is returned as a
     `DocumentStore`. The store records its progress every SHARD_DOCS documents, so a read killed
     part-way goes on from there (the documents before it are parsed again, not stored again)."""
     if corpus.parts:
@@ -53,7 +53,7 @@ def load_corpus(corpus: Corpus, cache: ArtifactCache) -> tuple[Sequence[Document
 def load_parts(corpus: Corpus, cache: ArtifactCache) -> list[tuple[Corpus, Sequence[Document]]]:
     """Each corpus that reads inputs of its own (a mixed corpus's parts, in order, or the corpus
     itself) with its documents as `load_corpus` reads them: what a fitted part records it learnt
-    from, part by part (rag/fitted.py)."""
+    from, part by part (rag/run/fitted.py)."""
     if not corpus.parts:
         return [(corpus, load_corpus(corpus, cache)[0])]
     return [leaf for part in corpus.parts for leaf in load_parts(part, cache)]

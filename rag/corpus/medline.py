@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from rag.corpus.base import Corpus, as_path, checked_documents, file_fingerprint, normalize_space, text_value
 from rag.corpus.pubmedqa import pmid_id
-from rag.schema import checked, file_list
+from rag.config.schema import checked, file_list
 from rag.types import Document, RagError
 
 

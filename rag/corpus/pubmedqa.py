@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from rag.corpus.base import Corpus, as_path, check_documents, file_fingerprint, load_json, text_field, text_value
-from rag.schema import FilePath, checked
+from rag.config.schema import FilePath, checked
 from rag.types import Document, RagError
 
 # Document ids: "pmid:{PMID}" (MEDLINE records use the same scheme, so the two corpora agree).

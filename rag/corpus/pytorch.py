@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.corpus.base import Corpus, as_path, check_documents, decode_utf8, listing_fingerprint
-from rag.schema import MaybeDirectory, checked
+from rag.config.schema import MaybeDirectory, checked
 from rag.types import Document, RagError
 
 log = logging.getLogger(__name__)

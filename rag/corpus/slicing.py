@@ -2,7 +2,7 @@
 kept of each (`Kept`), and the checks that the questions fit the documents (unique ids, sources and
 labels that exist).
 
-Loading a corpus through the artifact cache is rag.artifacts' (`Artifacts.inputs`)."""
+Loading a corpus through the artifact cache is rag.run.artifacts' (`Artifacts.inputs`)."""
 from __future__ import annotations
 
 import hashlib

@@ -2,7 +2,7 @@
 
 An embedder turns texts into float32 [n, dim] vectors: `encode` for chunks and other passages,
 `encode_queries` for questions (with the model's `query_prefix`), `encode_blocks` for the bulk
-stage that fills a chunk set's vector file (rag.artifacts). `id` is everything that determines
+stage that fills a chunk set's vector file (rag.run.artifacts). `id` is everything that determines
 the vectors (their cache key); `reference_id` the computation they reproduce, so that another
 embedder with the same reference may reuse them (the evaluation's embedder).
 
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 
 if TYPE_CHECKING:
     from rag.endpoint import Endpoint
-    from rag.models import TokenCounter
+    from rag.store.models import TokenCounter
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The chunk vectors' .npy, written block by block by `encode_to_npy` and resumable after a kill
-(`BlockLog` records the finished blocks): the vectors artifact's builder (rag.artifacts).
+(`BlockLog` records the finished blocks): the vectors artifact's builder (rag.run.artifacts).
 
 Every embedder's vectors pass through here, so what is stored is checked here, after the float32
 cast: a row that is all zeros (values such as 1e-200 underflow to 0.0) or holds NaN or an infinity
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rag.atomic import atomic_write_text
+from rag.store.atomic import atomic_write_text
 from rag.embedder.base import Embedder, RowSink
 from rag.types import RagError
 

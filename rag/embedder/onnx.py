@@ -19,9 +19,9 @@ from typing import Any, TypedDict, cast
 
 import numpy as np
 
-from rag.cache import ArtifactCache, make_key
-from rag.models import model_fingerprint
-from rag.onnx_runtime import export_module, session_options
+from rag.store.cache import ArtifactCache, make_key
+from rag.store.models import model_fingerprint
+from rag.embedder.onnx_runtime import export_module, session_options
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ def _export_float(path: str, tmp: Path) -> dict[str, Any]:
 def _quantize_int8(src: Path, tmp: Path) -> dict[str, Any]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from rag.cache import MANIFEST
+    from rag.store.cache import MANIFEST
 
     for f in src.iterdir():
         if f.is_file() and f.name not in (ONNX_FILE, MANIFEST):

@@ -3,7 +3,7 @@ server, Infinity, OpenAI): `embedder=openai`.
 
 Texts go in batches of `batch_size`, `endpoint.concurrency` requests at a time, over the shared
 transport (rag/endpoint.py: retries with backoff, Retry-After, timeouts, one-line errors, the key
-only from `api_key_env`). The vectors are cached like any embedder's (rag.artifacts, kind `vectors`) under
+only from `api_key_env`). The vectors are cached like any embedder's (rag.run.artifacts, kind `vectors`) under
 `id`: the served model's name, `dimensions` and normalisation, never the URL or the key, so the
 same model moved to another host keeps its vectors. The first batch settles the dimension; every
 later batch, a query and the cached index must agree with it, and a batch that does not is an
@@ -27,11 +27,11 @@ import numpy as np
 
 from rag.embedder.base import Embedder, RowSink
 from rag.embedder.npy_writer import shown_text, unusable_row
-from rag.concurrent import map_concurrent
+from rag.serving.concurrent import map_concurrent
 from rag.endpoint import Endpoint, EndpointError, EndpointSettings
-from rag.models import TokenCounter
-from rag.reply import BadReply, reported_tokens, shown
-from rag.schema import PositiveInt, Text, checked
+from rag.store.models import TokenCounter
+from rag.serving.reply import BadReply, reported_tokens, shown
+from rag.config.schema import PositiveInt, Text, checked
 
 # the endpoint settings an embeddings request uses (no extra_body), and their defaults here
 TAKES = ("concurrency", "timeout_s", "max_retries", "backoff_s", "max_backoff_s", "cache_namespace")

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.corpus.base import file_fingerprint
 from rag.embedder.base import Embedder
-from rag.models import use_cache
-from rag.schema import FilePath, checked
+from rag.store.models import use_cache
+from rag.config.schema import FilePath, checked
 from rag.types import RagError
 from rag.index.vector_rows import read_rows, take_rows, write_rows
 

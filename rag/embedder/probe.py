@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rag.cache import ArtifactCache, make_key
-from rag.config import data_dir
+from rag.store.cache import ArtifactCache, make_key
+from rag.config.compose import data_dir
 from rag.embedder.backend_choice import REFERENCE, TOP, Candidate, Measured
 
 # 128 passages and 32 questions: on 2 idle cores the whole probe of three candidates takes seconds

@@ -55,9 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.embedder.sentence_transformer import Engine, RowSink, SentenceTransformerEmbedder
-from rag.schema import NonNegativeInt, Positive, PositiveInt, Text, checked
+from rag.config.schema import NonNegativeInt, Positive, PositiveInt, Text, checked
 from rag.types import RagError
 
 log = logging.getLogger(__name__)

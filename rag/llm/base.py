@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.types import Context
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class Generator:
 
     def use_cache(self, cache: ArtifactCache) -> None:
         """Optional: the session's artifact cache, for a generator that builds or loads a model
-        artifact (rag.models.UsesCache)."""
+        artifact (rag.store.models.UsesCache)."""
 
     def warm_up(self) -> None:
         """Optional: load the model so that the timed generate stage measures generation only."""

@@ -9,9 +9,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from rag.concurrent import Cancelled, map_concurrent
+from rag.serving.concurrent import Cancelled, map_concurrent
 from rag.endpoint import Endpoint, EndpointError
-from rag.reply import BadReply, reported_tokens, shown
+from rag.serving.reply import BadReply, reported_tokens, shown
 
 __all__ = ["Cancelled", "ChatEndpoint", "Completion", "EndpointError", "map_concurrent"]
 

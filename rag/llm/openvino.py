@@ -30,15 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from rag.cache import ArtifactCache, file_sha256, make_key
-from rag.config import PROJECT_ROOT
+from rag.store.cache import ArtifactCache, file_sha256, make_key
+from rag.config.compose import PROJECT_ROOT
 from rag.llm.base import Generator
 from rag.llm.decoding import Answer, DecodingRules, finish_text, rules_cut
 from rag.llm.hf import DEFAULT_SYSTEM_PROMPT, length_batches, render_chat
 from rag.llm.loading import probe_threads, servable_folder
 from rag.llm.prompt import PromptBuilder
-from rag.models import UsesCache
-from rag.schema import NonNegative, PositiveInt, Text, Threads, checked
+from rag.store.models import UsesCache
+from rag.config.schema import NonNegative, PositiveInt, Text, Threads, checked
 from rag.types import Context, RagError
 
 log = logging.getLogger(__name__)

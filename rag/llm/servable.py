@@ -13,9 +13,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.llm.loading import servable_folder
-from rag.servers import LocalServer
+from rag.serving.servers import LocalServer
 
 
 def _transformers_cli() -> list[str]:
@@ -30,7 +30,7 @@ def _transformers_cli() -> list[str]:
 
 class TransformersServer(LocalServer):
     """`transformers serve <folder>` (pip install "transformers[serving]") on 127.0.0.1
-    (rag/servers.py: its own process group, ready on /health). `threads` sets its torch threads
+    (rag/serving/servers.py: its own process group, ready on /health). `threads` sets its torch threads
     (OMP_NUM_THREADS): one thread is the in-process generator's default and holds up best on a
     shared CPU. The access log (`log_path`) lets a caller count the requests it served."""
 
@@ -68,6 +68,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli
+    from rag.config.cli import run_cli
 
     run_cli(main)

@@ -132,7 +132,7 @@ class QuestionSet:
 
 class NoQuestions(QuestionSet):
     """qa=none: no question set. `python -m rag.ask` answers typed questions without one; a run,
-    which scores questions, says what to add (rag.session)."""
+    which scores questions, says what to add (rag.run.session)."""
 
     HINT = "qa=none: a run scores a question set; add qa=jsonl qa.path=my_questions.jsonl (python -m rag.ask needs none)"
 

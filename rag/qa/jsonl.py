@@ -6,7 +6,7 @@ from typing import Any
 
 from rag.corpus.base import aliased_field, as_path, file_fingerprint, jsonl_records, present_field, text_field
 from rag.qa.base import QuestionSet, QuestionSplit, parse_relevant
-from rag.schema import FilePath, checked
+from rag.config.schema import FilePath, checked
 from rag.types import QAItem, RagError
 
 # The question file's fields other than the three renamable ones, and their old names.

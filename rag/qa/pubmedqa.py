@@ -8,7 +8,7 @@ from rag.corpus.base import as_path, file_fingerprint
 from rag.corpus.pubmedqa import document_text, load_pubmedqa, pmid_id
 from rag.corpus.slicing import slice_questions
 from rag.qa.base import QuestionSet, QuestionSplit
-from rag.schema import FilePath, checked
+from rag.config.schema import FilePath, checked
 from rag.types import QAItem, RagError, Relevance
 
 PUBMEDQA_LABELS = ("conclusion", "abstract")

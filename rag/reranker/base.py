@@ -4,7 +4,7 @@ The pipeline retrieves `max(k, reranker.top_n)` fused candidates, calls `use_cac
 session's artifact cache, for a reranker that builds or loads a model artifact), `prepare(artifacts)`
 once (access to cached chunk vectors), `warm_up()` (load models outside timed stages), then
 `rerank(queries, hits, chunks, k, reuse)`, which returns the best k of each row of `hits`.
-`reuse=False` (a timed search, rag.latency) means: compute, take nothing remembered from an earlier
+`reuse=False` (a timed search, rag.run.latency) means: compute, take nothing remembered from an earlier
 call (the cross-encoder records its scores in the cache; the others remember nothing).
 
 A reranker behind a server has an `endpoint` (its own, or its generator's), with `counter` (the
@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.types import Chunk, Hits, QAItem
 
 if TYPE_CHECKING:
     from rag.endpoint import Endpoint
-    from rag.models import TokenCounter
+    from rag.store.models import TokenCounter
 
 
 class Reranker:
@@ -30,15 +30,15 @@ class Reranker:
     endpoint: Endpoint | None = None
     counter: TokenCounter | None = None
     usage: dict[str, Any] | None = None
-    #: the corpora its model learnt from (rag.fitted.corpus_record each), once the model is loaded;
+    #: the corpora its model learnt from (rag.run.fitted.corpus_record each), once the model is loaded;
     #: None where it is not known (a model trained elsewhere, or no model)
     fitted_on: list[dict[str, Any]] | None = None
 
     def use_cache(self, cache: ArtifactCache) -> None:
-        """Optional: the session's artifact cache (rag.models.UsesCache)."""
+        """Optional: the session's artifact cache (rag.store.models.UsesCache)."""
 
     def prepare(self, artifacts: Any) -> None:
-        """Optional: receives rag.artifacts.Artifacts (cache, chunk set, cached vectors)."""
+        """Optional: receives rag.run.artifacts.Artifacts (cache, chunk set, cached vectors)."""
 
     def warm_up(self) -> None:
         """Optional: load models so that the timed rerank stage measures reranking only."""
@@ -59,7 +59,7 @@ class Reranker:
                 after the last candidate) and `hits.scores[q, j]` its fused score, higher first.
             chunks: The run's chunks, indexed by the rows in `hits` (`chunks[row].text`).
             k: How many candidates to keep per question.
-            reuse: False for a timed search (rag.latency): compute afresh, returning nothing
+            reuse: False for a timed search (rag.run.latency): compute afresh, returning nothing
                 remembered from an earlier call.
 
         Returns:

@@ -1,7 +1,7 @@
 """Cross-encoder reranking: score (query, chunk text) jointly and keep the best k.
 
 `model` is a Hugging Face id, a local path, `package:<module>` (weights inside a pip package;
-rag/models.py resolves all three), or `trained:`: the packaged MiniLM fine-tuned locally with the
+rag/store/models.py resolves all three), or `trained:`: the packaged MiniLM fine-tuned locally with the
 `train` settings (rag/reranker/training/), built once and cached as the artifact
 `<cache>/cross_encoder/<key>` in the artifact cache that `use_cache` gives.
 
@@ -38,11 +38,11 @@ from rag.embedder.backend_choice import (
     machine_facts,
     onnx_available,
 )
-from rag.models import model_fingerprint, resolve_model
+from rag.store.models import model_fingerprint, resolve_model
 from rag.reranker import backend_choice
 from rag.reranker.logits import predict_logits
 from rag.reranker.pointwise import SCORES, PointwiseReranker
-from rag.schema import Device, PositiveInt, checked, string
+from rag.config.schema import Device, PositiveInt, checked, string
 from rag.types import Chunk, Hits, QAItem, RagError
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from rag.endpoint import Endpoint, EndpointSettings
-from rag.models import TokenCounter
-from rag.reply import BadReply, reported_tokens, shown
+from rag.store.models import TokenCounter
+from rag.serving.reply import BadReply, reported_tokens, shown
 from rag.reranker.pointwise import PointwiseReranker
-from rag.schema import PositiveInt, Text, checked
+from rag.config.schema import PositiveInt, Text, checked
 from rag.types import RagError
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # scores are kept as float32: a larger one would become inf

@@ -19,11 +19,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rag.cache import ArtifactCache, make_key
-from rag.models import UsesCache, use_cache
+from rag.store.cache import ArtifactCache, make_key
+from rag.store.models import UsesCache, use_cache
 from rag.llm.base import Generator, withheld
 from rag.reranker.base import Reranker
-from rag.schema import PositiveInt, checked
+from rag.config.schema import PositiveInt, checked
 from rag.types import Chunk, Context, Hits, RagError
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class ListwiseReranker(UsesCache, Reranker):
         return spans
 
     def recorded_answer(self, query: str, passages: list[Context]) -> str | None:
-        """The answer recorded for this window, or None (also rag.plan's: is a request due?)."""
+        """The answer recorded for this window, or None (also rag.run.plan's: is a request due?)."""
         rec = self.cache.get_record(ORDERS, self._key(query, passages))
         return None if rec is None else rec["answer"]
 

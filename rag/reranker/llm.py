@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from rag.llm.hf import length_batches, render_chat
 from rag.llm.loading import CausalLM
 from rag.reranker.base import Reranker
-from rag.schema import Device, PositiveInt, Text, checked
+from rag.config.schema import Device, PositiveInt, Text, checked
 from rag.types import Chunk, Hits, RagError
 
 log = logging.getLogger(__name__)

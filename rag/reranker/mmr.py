@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from rag.cache import ArtifactCache
-from rag.models import use_cache
+from rag.store.cache import ArtifactCache
+from rag.store.models import use_cache
 from rag.reranker.base import Reranker
-from rag.schema import Fraction, PositiveInt, checked
+from rag.config.schema import Fraction, PositiveInt, checked
 from rag.types import Chunk, Hits
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from rag.cache import ArtifactCache, make_key
-from rag.models import model_fingerprint
-from rag.onnx_runtime import export_module, session_options
+from rag.store.cache import ArtifactCache, make_key
+from rag.store.models import model_fingerprint
+from rag.embedder.onnx_runtime import export_module, session_options
 from rag.types import RagError
 
 KIND = "onnx_cross_encoder"

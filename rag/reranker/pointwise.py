@@ -6,7 +6,7 @@ its own (so its scores do not depend on which questions share a call). Those sco
 the artifact cache (kind `rerank_scores`, keyed by the scorer's identity, the query and the
 candidates' texts), so a run that reranks the same candidates again (a repeated demo, a sweep over
 settings downstream of reranking) reads them instead of scoring; a timed search (`reuse=False`,
-rag.latency) always scores. `fuse` combines the scorer's order with the first stage's order (see
+rag.run.latency) always scores. `fuse` combines the scorer's order with the first stage's order (see
 `fuse_scores`).
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from rag.cache import make_key
-from rag.models import UsesCache
+from rag.store.cache import make_key
+from rag.store.models import UsesCache
 from rag.reranker.base import Reranker
 from rag.reranker.training.passages import with_label
 from rag.types import Chunk, Hits, RagError
@@ -100,7 +100,7 @@ class PointwiseReranker(UsesCache, Reranker):
                         {"query": query, "passages": h.hexdigest()})
 
     def recorded_scores(self, query: str, passages: list[str]) -> np.ndarray | None:
-        """The scores recorded for these passages, or None (also rag.plan's: is a request due?)."""
+        """The scores recorded for these passages, or None (also rag.run.plan's: is a request due?)."""
         rec = self.cache.get_record(SCORES, self.scores_key(query, passages))
         if rec is not None and len(rec.get("scores", ())) == len(passages):
             return np.asarray(rec["scores"], np.float32)

@@ -5,7 +5,7 @@ A retriever is built by Hydra from `conf/retriever/*.yaml`, then `prepare(artifa
 loads what it searches (through the artifact cache), then `search(queries, n, filters)` returns
 `Hits` over chunk rows. `filters[q]` is the set of source tags question q may see, or None.
 
-`search_one` answers one question, as a served system would (rag.query runs every question of a
+`search_one` answers one question, as a served system would (rag.run.query runs every question of a
 run that way). Dense and BM25 candidates are kept in the artifact cache's memory tier (table
 `candidates`) under everything that determines them (artifact keys, query, filter, depth), so
 the jobs of a sweep over fusion settings (run in one process by Hydra's basic launcher, or by a
@@ -27,10 +27,10 @@ from rag.retriever.source_filter import SourceFilter, check_source_filters, sour
 from rag.types import Document, Hits
 
 if TYPE_CHECKING:
-    # Not imported when run: rag.artifacts imports BM25Index from this package, whose __init__
+    # Not imported when run: rag.run.artifacts imports BM25Index from this package, whose __init__
     # imports this module.
-    from rag.artifacts import Artifacts
-    from rag.chunk_set import ChunkSet
+    from rag.run.artifacts import Artifacts
+    from rag.store.chunk_set import ChunkSet
 
 
 class DensePart(Protocol):
@@ -133,7 +133,7 @@ class Retriever:
         then fits the router where `source_filter.mode=router`.
 
         Args:
-            artifacts: The run's `rag.artifacts.Artifacts`: `artifacts.vectors(embedder)`,
+            artifacts: The run's `rag.run.artifacts.Artifacts`: `artifacts.vectors(embedder)`,
                 `artifacts.vector_index(...)`, `artifacts.bm25(...)` build on a miss and load on a
                 hit; `artifacts.chunk_set` holds the chunks.
 
@@ -149,7 +149,7 @@ class Retriever:
     def use_cache(self, cache: Any) -> None:
         """The session's artifact cache, for the models of the parts that hold one (an embedder
         exported to ONNX builds its export there)."""
-        from rag.models import use_cache
+        from rag.store.models import use_cache
 
         for part in vars(self).values():
             use_cache(part, cache)

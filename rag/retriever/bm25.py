@@ -23,7 +23,7 @@ from rag.retriever import maxscore
 from rag.retriever.bm25_build import write_bm25s_index
 from rag.retriever.maxscore import MaxImpacts
 from rag.retriever.tokens import lucene_idf, token_ids, tokenize
-from rag.schema import Fraction, Positive, checked
+from rag.config.schema import Fraction, Positive, checked
 from rag.types import Hits, RagError
 
 # A query whose posting lists hold fewer postings is scored exhaustively (milliseconds; the

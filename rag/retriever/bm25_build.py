@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rag.atomic import atomic_write_text
+from rag.store.atomic import atomic_write_text
 from rag.retriever.maxscore import IMPACTS_FILE
 from rag.retriever.tokens import iter_tokens, lucene_idf
 from rag.types import RagError

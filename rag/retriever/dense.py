@@ -10,11 +10,11 @@ from rag.embedder.base import Embedder
 from rag.index.base import VectorIndex
 from rag.retriever.base import Retriever
 from rag.retriever.source_filter import SourceFilterNode
-from rag.schema import checked
+from rag.config.schema import checked
 from rag.types import Hits, RagError
 
 if TYPE_CHECKING:
-    from rag.artifacts import Artifacts
+    from rag.run.artifacts import Artifacts
 
 
 class DenseRetriever(Retriever):

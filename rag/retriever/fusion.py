@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from rag.schema import Fraction, NonNegativeInt, checked
+from rag.config.schema import Fraction, NonNegativeInt, checked
 from rag.types import Hits, RagError
 
 

@@ -11,11 +11,11 @@ from rag.retriever.dense import DenseRetriever
 from rag.retriever.fusion import Fusion
 from rag.retriever.lexical import BM25Retriever
 from rag.retriever.source_filter import SourceFilterNode
-from rag.schema import PositiveInt, checked
+from rag.config.schema import PositiveInt, checked
 from rag.types import Hits
 
 if TYPE_CHECKING:
-    from rag.artifacts import Artifacts
+    from rag.run.artifacts import Artifacts
 
 
 class HybridRetriever(Retriever):

@@ -8,11 +8,11 @@ import numpy as np
 from rag.retriever.base import Retriever
 from rag.retriever.bm25 import BM25Index
 from rag.retriever.source_filter import SourceFilterNode
-from rag.schema import Fraction, Positive, checked
+from rag.config.schema import Fraction, Positive, checked
 from rag.types import Hits, RagError
 
 if TYPE_CHECKING:
-    from rag.artifacts import Artifacts
+    from rag.run.artifacts import Artifacts
 
 
 class BM25Retriever(Retriever):

@@ -52,7 +52,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from rag.cache import MemoryTier
+from rag.store.cache import MemoryTier
 from rag.retriever.source_filter import SourceFilter
 from rag.types import RagError
 

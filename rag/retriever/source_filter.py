@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from rag.schema import fields, groups, string, strings
+from rag.config.schema import fields, groups, string, strings
 from rag.types import Document, RagError
 
 SourceFilter = frozenset[str] | None

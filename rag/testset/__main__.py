@@ -20,7 +20,7 @@ import argparse
 import logging
 import sys
 
-from rag.cli import HelpFormatter, run_cli
+from rag.config.cli import HelpFormatter, run_cli
 from rag.types import RagError
 
 
@@ -48,13 +48,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def generate(overrides: list[str]) -> dict:
     """Composes conf/testset.yaml with `overrides` and builds the question file; its summary."""
-    from rag.cache import ArtifactCache
-    from rag.config import compose_config
+    from rag.store.cache import ArtifactCache
+    from rag.config.compose import compose_config
     from rag.corpus.loading import load_corpus
     from rag.corpus.slicing import slice_documents
-    from rag.models import use_cache
-    from rag.session import create, model_cache
-    from rag.settings import load
+    from rag.store.models import use_cache
+    from rag.run.session import create, model_cache
+    from rag.run.settings import load
     from rag.testset.build import Inputs, build
     from rag.testset.out import check_out
     from rag.testset.settings import load_testset

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.reranker.training.structure import LOOKED_FOR
-from rag.secrets import redacted_data
+from rag.serving.secrets import redacted_data
 from rag.testset import filters as checks
 from rag.testset.generate import ANSWER, QUESTION, Asker, Request, Usage, template_questions
 from rag.testset.out import kept_sha, write_questions, write_summary

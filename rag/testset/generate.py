@@ -21,12 +21,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from rag.cache import ArtifactCache, make_key
+from rag.store.cache import ArtifactCache, make_key
 from rag.llm.base import CHARS_PER_TOKEN, Generator, generate_each
 from rag.reranker.training.structure import heading_at
 from rag.reranker.training.templates import structural_questions
 from rag.reranker.training.text import sentences
-from rag.secrets import redacted_data
+from rag.serving.secrets import redacted_data
 from rag.testset.passages import Passages
 from rag.testset.prompts import digest, prompt_builder
 from rag.types import Context, Document, RagError
@@ -99,7 +99,7 @@ class Asker:
 
     def generator_id(self) -> dict[str, Any]:
         """The generator's id without its prompt (provenance names each prompt by its digest), as
-        every question's provenance and the summary write it (rag.secrets.redacted_data)."""
+        every question's provenance and the summary write it (rag.serving.secrets.redacted_data)."""
         return redacted_data({k: v for k, v in self.llm.id.items() if k not in ("prompt", "system_prompt")})
 
     def _groups(self, requests: Sequence[Request]) -> dict[tuple[str, str], list[int]]:

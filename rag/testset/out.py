@@ -23,7 +23,7 @@ from typing import Any
 
 from hydra.utils import to_absolute_path
 
-from rag.atomic import atomic_write_text
+from rag.store.atomic import atomic_write_text
 from rag.testset.settings import TestsetSettings
 from rag.types import RagError
 

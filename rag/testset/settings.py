@@ -1,5 +1,5 @@
 """The `testset` node (conf/testset/default.yaml), typed and checked once, with one-line errors
-that name the key, as rag.settings does for a run's own keys."""
+that name the key, as rag.run.settings does for a run's own keys."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 from hydra.utils import to_absolute_path
 
-from rag.config import near_names
-from rag.schema import Check, boolean, check_all, integer, number, string
+from rag.config.compose import near_names
+from rag.config.schema import Check, boolean, check_all, integer, number, string
 from rag.testset.prompts import KINDS
 from rag.types import RagError
 

@@ -1,4 +1,4 @@
-from rag.cli import run_cli
+from rag.config.cli import run_cli
 from rag.reranker.training.cli import main
 
 run_cli(main)

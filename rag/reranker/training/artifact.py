@@ -15,13 +15,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from rag.cache import ArtifactCache, make_key
-from rag.chunk_store import DocumentStore
+from rag.store.cache import ArtifactCache, make_key
+from rag.store.chunk_store import DocumentStore
 from rag.corpus.base import Corpus
 from rag.corpus.loading import load_parts
 from rag.corpus.slicing import check_unique_ids, content_fingerprint
-from rag.fitted import corpus_record
-from rag.models import resolve_model
+from rag.run.fitted import corpus_record
+from rag.store.models import resolve_model
 from rag.reranker.training.dataset import build_dataset
 from rag.reranker.training.evaluate import biencoder_reference, evaluate
 from rag.reranker.training.fit import fit, load_base_model, set_threads, use_bf16
@@ -92,7 +92,7 @@ class TrainingInputs:
 
     def fitted_on(self) -> list[dict[str, Any]]:
         """What the model learns from, corpus by corpus, by name and content fingerprint
-        (rag.fitted.corpus_record): the record a run compares its own corpus with."""
+        (rag.run.fitted.corpus_record): the record a run compares its own corpus with."""
         return [corpus_record(name, docs) for name, docs in self.parts]
 
     def key(self) -> tuple[str, dict[str, Any]]:
@@ -163,7 +163,7 @@ def build_trained_model(train: Mapping[str, Any] | None, cache: ArtifactCache,
                         shipped: bool = True) -> Any:
     """The `cross_encoder` artifact for these training settings, built when missing: from the
     model that ships with the repository when it was trained under the same key (`shipped`;
-    rag.reranker.training.shipped), else trained here. Returns rag.cache.Artifact (path = the
+    rag.reranker.training.shipped), else trained here. Returns rag.store.cache.Artifact (path = the
     saved model folder)."""
     inputs = TrainingInputs(train, cache)
     key, key_inputs = inputs.key()

@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from rag.config import PROJECT_ROOT, register_resolvers
+    from rag.config.compose import PROJECT_ROOT, register_resolvers
     from rag.reranker.training.artifact import METRICS_FILE, build_trained_model, dataset_for
-    from rag.session import model_cache
-    from rag.settings import load
+    from rag.run.session import model_cache
+    from rag.run.settings import load
 
     register_resolvers()
     overrides = ["reranker=cross_encoder"]

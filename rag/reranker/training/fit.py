@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from rag.models import resolve_model
+from rag.store.models import resolve_model
 from rag.reranker.training.examples import Group, Pair
 from rag.types import RagError
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rag.cache import ArtifactCache, make_key
+from rag.store.cache import ArtifactCache, make_key
 from rag.corpus.slicing import content_fingerprint
 from rag.reranker.training.dataset import take_in_turn
 from rag.reranker.training.examples import Example

@@ -16,7 +16,7 @@ any mismatch, returns False and the caller trains as before.
 `python -m rag.reranker.training.shipped ARTIFACT_DIR` writes models/cross_encoder/ from a trained
 artifact (what a maintainer runs after changing the recipe; the model card is written by hand), with
 `fitted_on.json`: the corpora the model learnt from, by name, content fingerprint and document
-count (rag/fitted.py), beside the model rather than in it.
+count (rag/run/fitted.py), beside the model rather than in it.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rag.atomic import umask_mode
-from rag.cache import file_sha256
-from rag.config import PROJECT_ROOT
+from rag.store.atomic import umask_mode
+from rag.store.cache import file_sha256
+from rag.config.compose import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,13 @@ SHIPPED_DIR = PROJECT_ROOT / "models" / "cross_encoder"
 MANIFEST = "shipped.json"
 LAYERS = "trained_layers.safetensors"
 WEIGHTS = "model.safetensors"
-FITTED_ON = "fitted_on.json"  # the corpora the shipped model learnt from (rag/fitted.py)
+FITTED_ON = "fitted_on.json"  # the corpora the shipped model learnt from (rag/run/fitted.py)
 
 
 
 
 def _base_weights(base_model: str) -> tuple[Path, str]:
-    from rag.models import resolve_model
+    from rag.store.models import resolve_model
 
     path = Path(resolve_model(base_model, "reranker base").path) / WEIGHTS
     return path, file_sha256(path)
@@ -110,7 +110,7 @@ def ship(artifact_dir: Path, key: str, base_model: str, out: Path = SHIPPED_DIR,
 def write_fitted_on(out: Path, key: str, fitted_on: list[dict[str, Any]]) -> None:
     """FITTED_ON beside the model: the corpora it learnt from. Neither a file of the model folder
     nor read by `restore`, so it changes no key and no checksum of the model or its scores."""
-    from rag.fitted import described
+    from rag.run.fitted import described
 
     doc = {"key": key, "corpora": described(fitted_on)}
     (out / FITTED_ON).write_text(json.dumps(doc, indent=2) + "\n")
@@ -178,6 +178,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rag.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
+    from rag.config.cli import run_cli  # a reader that goes away (| head -1) costs no traceback
 
     run_cli(main)

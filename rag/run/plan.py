@@ -44,24 +44,24 @@ import numpy as np
 from eval.judge import Judge
 from eval.relevance import RECORD as RELEVANCE_RECORD
 from eval.relevance import RelevanceJudge
-from rag.artifacts import answers_key
-from rag.atomic import atomic_write_text
+from rag.run.artifacts import answers_key
+from rag.store.atomic import atomic_write_text
 from rag.chunker.contextualize import LLMContextualizer
 from rag.compressor.llm import LLMCompressor
 from rag.embedder import npy_writer
 from rag.embedder.base import Embedder
-from rag.latency import LatencySettings, sample_rows
+from rag.run.latency import LatencySettings, sample_rows
 from rag.llm.answer_cache import RECORD_KIND, answer_keys
 from rag.llm.base import CHARS_PER_TOKEN, Generator
-from rag.models import TokenCounter
+from rag.store.models import TokenCounter
 from rag.reranker.base import Reranker
 from rag.reranker.listwise import ListwiseReranker, read_order
 from rag.reranker.pointwise import PointwiseReranker
-from rag.role_plan import RolePlan, batches, chars_estimate, endpoint_of, prompt_method, prompt_tokens
-from rag.secrets import redacted_data
-from rag.served import served
-from rag.session import Session
-from rag.settings import ROLES
+from rag.run.role_plan import RolePlan, batches, chars_estimate, endpoint_of, prompt_method, prompt_tokens
+from rag.serving.secrets import redacted_data
+from rag.serving.served import served
+from rag.run.session import Session
+from rag.run.settings import ROLES
 from rag.types import Chunk, Context, Hits
 
 PLAN_FILE = "dry_run.json"
@@ -471,7 +471,7 @@ def format_plan(plan: dict[str, Any]) -> str:
 def write_sweep_plan(sweep_dir: Path) -> dict[str, Any] | None:
     """Combines the dry_run.json of every job under `sweep_dir` into the sweep's own (None: no
     job wrote one)."""
-    from rag.rundir import belongs_to_sweep, read_sweep_stamp
+    from rag.run.rundir import belongs_to_sweep, read_sweep_stamp
 
     stamp = read_sweep_stamp(sweep_dir)
     plans = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob(f"*/{PLAN_FILE}"))

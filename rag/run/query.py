@@ -1,5 +1,5 @@
 """One question's path through a prepared pipeline: retrieve (one query at a time, as a served
-system would), then rerank, each timed. A run's main pass, its latency sample (rag.latency) and
+system would), then rerank, each timed. A run's main pass, its latency sample (rag.run.latency) and
 `rag.ask` all go through `retrieve_rerank`, so they measure the same thing.
 """
 from __future__ import annotations

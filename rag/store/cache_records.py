@@ -2,7 +2,7 @@
 whether the bytes at its path are the record asked for (`checked_record`; an artifact's directory
 is checked against its key by the same rule, `foreign`), the seed's checksums of its records
 (`seed_record_sums`), and each failure named once (`report_once`). How the cache seals
-its own records, and where they lie: rag/cache.py."""
+its own records, and where they lie: rag/store/cache.py."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("rag.cache")  # what it reports is the cache's, under the cache's name
+log = logging.getLogger("rag.store.cache")  # what it reports is the cache's, under the cache's name
 
 RECORD_SUMS = "record_sha256"  # SEED.json's {kind: {key: sha256 of the record's file}}
 # Damaged records already reported by this process, by the same stat: a record that several stages

@@ -7,7 +7,7 @@ default the demo's PubMedQA, libc and PyTorch), the router of v2-v4 splits the c
 per-group chunker (`chunker.routes`) was tuned for the demo's groups. What they gain on the demo is
 evidence about the demo's corpora only.
 
-Each part's record (`reranker_part`, `router_part`, `chunker_part`; rag.pipeline.fitted_section
+Each part's record (`reranker_part`, `router_part`, `chunker_part`; rag.run.pipeline.fitted_section
 makes them for a run) compares it with the run's corpus. The reranker by content: each corpus it
 learnt from is recorded by name, document count and the fingerprint of its documents' content (the
 same on every machine, where the corpus artifact's key, made of paths and mtimes, is not), and the
@@ -44,7 +44,7 @@ AXES = {"reranker": "reranker=cross_encoder,none", "router": "retriever.source_f
         "chunker": "chunker=per_source,sliding_window"}
 # Overrides the ablation sweep sets itself (or that would sweep something else): left out of the run's own.
 _REPLACED = ("reranker", "retriever.source_filter.mode", "chunker", "sweep")
-OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"  # the run's own overrides (rag.rundir.write_hydra_record)
+OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"  # the run's own overrides (rag.run.rundir.write_hydra_record)
 NO_EVIDENCE = {1: "its gain on the demo is no evidence here", 2: "their gains on the demo are no evidence here"}
 CHECK = "Check on this corpus: {command}"
 

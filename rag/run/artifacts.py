@@ -5,7 +5,7 @@ loads it on a hit, notes (key, hit) in `record` (a report for metrics.json, neve
 returns what it made. Keys chain: chunks are keyed by the chunker settings and the sliced corpus's
 content, vectors by the embedder and the chunks' key, an index by its settings and the vectors'
 key, so changing fusion, k or the reranker reuses everything while a new chunking or embedder
-builds anew (rag/cache.py has the rules; docs/explanation/architecture.md the table). Model artifacts (the
+builds anew (rag/store/cache.py has the rules; docs/explanation/architecture.md the table). Model artifacts (the
 ONNX export, the LLM's conversion, the cross-encoder) are built by the components that hold the
 models, through the same cache (`use_cache`).
 """
@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from rag import chunk_store
-from rag.cache import ArtifactCache, make_key
-from rag.chunk_set import ChunkSet
-from rag.chunk_store import ChunkStore, ChunkWriter
+from rag.store import chunk_store
+from rag.store.cache import ArtifactCache, make_key
+from rag.store.chunk_set import ChunkSet
+from rag.store.chunk_store import ChunkStore, ChunkWriter
 from rag.corpus.base import Corpus
 from rag.corpus.loading import load_corpus
 from rag.corpus.slicing import content_fingerprint
@@ -35,7 +35,7 @@ from rag.embedder import npy_writer
 from rag.embedder.npy_writer import encode_to_npy
 from rag.embedder.base import Embedder
 from rag.index.base import VectorIndex
-from rag.legacy_cache import old_chunks
+from rag.store.legacy_cache import old_chunks
 from rag.llm import Generator, NoGenerator
 from rag.llm.base import Stopped
 from rag.llm.answer_cache import generate_resumable, prompt_inputs, usage_totals
@@ -107,7 +107,7 @@ class Artifacts:
         if found is not None:
             return found
         docs, skipped = load_corpus(corpus, self.cache)
-        qa = questions.load()  # checked against the corpus in rag/preflight.py
+        qa = questions.load()  # checked against the corpus in rag/run/preflight.py
         return self.cache.memory.put("inputs", memo_key, (docs, skipped, qa))
 
     # -- chunks --------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The configuration's schema: the checks for the type and range of a value, and the rules of the
-components' settings. rag/settings.py applies them with the run's own rules, once, at start-up,
+components' settings. rag/run/settings.py applies them with the run's own rules, once, at start-up,
 before any file is read or model loaded.
 
 A component's settings are its constructor's parameters, so the constructor is the one place a
@@ -323,7 +323,7 @@ def checked(prefix: str) -> Callable[[F], F]:
         def init_checked(*args: Any, **kwargs: Any) -> Any:
             try:
                 bound = signature.bind(*args, **kwargs)
-            except TypeError:  # a wrong call: Python's own message, which rag.session translates
+            except TypeError:  # a wrong call: Python's own message, which rag.run.session translates
                 return init(*args, **kwargs)
             check_arguments(init, prefix, dict(bound.arguments))
             return init(*args, **kwargs)

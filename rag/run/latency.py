@@ -8,7 +8,7 @@ sample of its questions again, after the main pass:
 
 - warm: `warmup` questions are searched and reranked first, untimed (code paths, allocator,
   filter masks and FAISS selectors, the query encoder's first call);
-- fresh: every timed search searches anew (`rag.query.retrieve_rerank(..., reuse=False)`);
+- fresh: every timed search searches anew (`rag.run.query.retrieve_rerank(..., reuse=False)`);
 - repeated: each sampled question `repeats` times; its latency is the median of its repeats;
 - reported as the median and 95th percentile over the sampled questions, with the sample size,
   repeats and warm-up written beside them (`latency_method` in metrics.json).
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from rag.query import retrieve_rerank
+from rag.run.query import retrieve_rerank
 from rag.reranker.base import Reranker
 from rag.retriever.base import Retriever
 from rag.retriever.source_filter import SourceFilter

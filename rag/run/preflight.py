@@ -2,8 +2,8 @@
 sliced, before anything is chunked, embedded or any model loads. Each is one line and exit 2 (a
 RagError), so a run that cannot give a meaningful result stops in seconds, not after the work.
 
-The config's values alone are checked earlier, at start-up (rag/schema.py), and the components
-against each other when they are created (rag/session.py `create_components`).
+The config's values alone are checked earlier, at start-up (rag/config/schema.py), and the components
+against each other when they are created (rag/run/session.py `create_components`).
 """
 from __future__ import annotations
 

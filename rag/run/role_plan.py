@@ -1,4 +1,4 @@
-"""One served role's part of a dry run (rag/plan.py): what it would send, by cache key, and how
+"""One served role's part of a dry run (rag/run/plan.py): what it would send, by cache key, and how
 its prompts' tokens are counted."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rag.llm.base import CHARS_PER_TOKEN, Generator
-from rag.served import Served
-from rag.settings import Pricing
+from rag.serving.served import Served
+from rag.run.settings import Pricing
 from rag.types import Context
 
 

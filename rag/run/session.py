@@ -2,8 +2,8 @@
 
 `open_session(settings)` builds every component from its node (a bad value fails before anything
 expensive), reads and slices the corpus and questions, runs the preflight checks, chunks, and
-prepares the retriever and reranker (vectors, index, BM25 through rag.artifacts). The settings
-come from rag.settings.load, the one place that reads the composed config. `rag.pipeline.run` evaluates
+prepares the retriever and reranker (vectors, index, BM25 through rag.run.artifacts). The settings
+come from rag.run.settings.load, the one place that reads the composed config. `rag.run.pipeline.run` evaluates
 a question set with it; `rag.ask` answers typed questions with the same session.
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 from eval.judge import Judge
 from eval.relevance import RelevanceJudge
 from eval.scoring import ANSWER_METRICS, ScoreSettings
-from rag import preflight
-from rag.artifacts import Artifacts
-from rag.cache import ArtifactCache
-from rag.chunk_set import ChunkSet
+from rag.run import preflight
+from rag.run.artifacts import Artifacts
+from rag.store.cache import ArtifactCache
+from rag.store.chunk_set import ChunkSet
 from rag.chunker import Chunker, contextualize
 from rag.chunker.contextualize import LLMContextualizer
 from rag.chunker.token import TokenChunker
@@ -32,15 +32,15 @@ from rag.context import ContextBuilder
 from rag.corpus.base import Corpus
 from rag.corpus.slicing import Kept, slice_documents, slice_questions
 from rag.embedder.base import Embedder
-from rag.latency import LatencySettings
+from rag.run.latency import LatencySettings
 from rag.llm import Generator, NoGenerator
-from rag.models import use_cache
-from rag.preflight import Asker
+from rag.store.models import use_cache
+from rag.run.preflight import Asker
 from rag.qa.base import NoQuestions, QuestionSet
 from rag.reranker.base import Reranker
 from rag.retriever.base import Retriever
-from rag.served import served
-from rag.settings import Settings, to_plain
+from rag.serving.served import served
+from rag.run.settings import Settings, to_plain
 from rag.timing import StageTimer
 from rag.types import Document, QAItem, RagError
 
@@ -96,7 +96,7 @@ def _unknown_setting(e: InstantiationException, node: Any) -> str | None:
         params = [p for p in inspect.signature(get_method(target)).parameters if p not in ("self", "args", "kwargs")]
     except Exception:  # noqa: BLE001 - no signature to show: name the key alone
         params = []
-    from rag.config import endpoint_settings, near_names
+    from rag.config.compose import endpoint_settings, near_names
 
     if "endpoint" in params and key in endpoint_settings():  # added by its name from before the endpoint node
         return f"{prefix}{key} is now {prefix}endpoint.{key}"
@@ -107,7 +107,7 @@ def _unknown_setting(e: InstantiationException, node: Any) -> str | None:
 def _no_settings_line(prefix: str, key: str, target: str, value: Any) -> str:
     """`+llm.max_tokens=32` with llm=none: the class takes no settings; the options of the group
     that have the key, when there are any (llm=openai has max_tokens)."""
-    from rag.config import options_with
+    from rag.config.compose import options_with
 
     line = f"{prefix}{key} is not a setting of {target.rpartition('.')[2]}, which takes none"
     group = prefix.rstrip(".")
@@ -156,7 +156,7 @@ class Session:
     # What the slice kept of each input ("documents", "questions"; the run adds "answered
     # questions"): metrics.json's `slice`.
     kept: dict[str, Kept] = field(default_factory=dict)
-    # The whole corpus before the slice, in order: what the fitted parts' records compare with (rag.fitted).
+    # The whole corpus before the slice, in order: what the fitted parts' records compare with (rag.run.fitted).
     all_docs: Sequence[Document] = ()
 
     # The components, under the names the stages use.
@@ -230,7 +230,7 @@ def open_session(settings: Settings, askers: Sequence[Asker] = (), scored: bool 
 
     with timer.stage("chunk"):
         chunk_set = artifacts.chunks(parts.chunker, to_plain(settings.nodes.chunker), docs)
-    # A dry run asks a served contextualizer nothing: rag.plan counts the chunks it would ask about.
+    # A dry run asks a served contextualizer nothing: rag.run.plan counts the chunks it would ask about.
     ctx = parts.contextualizer
     unasked = bool(settings.dry_run and ctx is not None and served(ctx) and ctx.missing(docs, chunk_set.chunks, cache))
     if settings.contextualize != "none" and not unasked:
@@ -242,7 +242,7 @@ def open_session(settings: Settings, askers: Sequence[Asker] = (), scored: bool 
     if parts.score.k > len(chunk_set):
         raise RagError(f"eval.k ({parts.score.k}) is larger than the number of chunks ({len(chunk_set)})")
 
-    # A dry run (rag.plan) sends nothing: a served embedder's vectors are counted, not built, and
+    # A dry run (rag.run.plan) sends nothing: a served embedder's vectors are counted, not built, and
     # no served part is warmed up (that would ask the server).
     dense = parts.retriever.dense_part()
     searchable = not (settings.dry_run and (unasked or (dense is not None and served(dense.embedder))))

@@ -1,5 +1,5 @@
 """The run's chunks by row (`ChunkSet`): what retrieval, contexts and metrics read of them, from the
-chunk store of the cache (rag/chunk_store.py) or from a list of `Chunk` records."""
+chunk store of the cache (rag/store/chunk_store.py) or from a list of `Chunk` records."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rag.chunk_store import ChunkStore
+from rag.store.chunk_store import ChunkStore
 from rag.types import Chunk
 
 
 @dataclass
 class ChunkSet:
-    """The run's chunks by row: a `ChunkStore` read from the cache (rag/chunk_store.py), or a list
+    """The run's chunks by row: a `ChunkStore` read from the cache (rag/store/chunk_store.py), or a list
     of `Chunk` records (tests, callers that chunk for themselves, caches written before the store)."""
 
     key: str

@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag.cache import ArtifactCache
+from rag.store.cache import ArtifactCache
 from rag.types import RagError
 
 PACKAGE_PREFIX = "package:"
@@ -91,7 +91,7 @@ def default_cache_root() -> Path:
     outputs/cache (the same default as conf/config.yaml's paths.cache)."""
     if os.environ.get("RAGRIG_CACHE"):
         return Path(os.environ["RAGRIG_CACHE"]).expanduser()
-    from rag.config import PROJECT_ROOT
+    from rag.config.compose import PROJECT_ROOT
 
     return PROJECT_ROOT / "outputs" / "cache"
 

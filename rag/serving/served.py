@@ -2,7 +2,7 @@
 
 Every component family that may (embedders, rerankers, generators, compressors, the
 contextualizer) has an `endpoint`: the rag.endpoint transport it calls, its generator's, or None
-in process. The dry run (rag.plan) counts what the served ones would send, and the session warms
+in process. The dry run (rag.run.plan) counts what the served ones would send, and the session warms
 up none of them in a dry run.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Corpus and chunk artifacts in the format before rag/chunk_store.py: one JSON object a line,
+"""Corpus and chunk artifacts in the format before rag/store/chunk_store.py: one JSON object a line,
 docs.jsonl (a Document each) and chunks.jsonl (a Chunk each). The format is no part of an
 artifact's key, so a cache written by those versions still hits; its entries are read here, whole
 into memory as they always were, rather than built again. Nothing writes this format any more."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from rag.cache import Artifact
+from rag.store.cache import Artifact
 from rag.types import Chunk, Document
 
 DOCS_FILE = "docs.jsonl"

@@ -8,7 +8,7 @@ few thousand rows, and the kernel's page cache, not the process, holds the rest.
 
 `ChunkWriter` appends chunks as the chunker produces them and records, after each shard of
 documents, how long every file was; a build killed with SIGKILL truncates its files to that
-record and goes on from the next document (rag.artifacts for chunks, rag.corpus.loading for a
+record and goes on from the next document (rag.run.artifacts for chunks, rag.corpus.loading for a
 corpus). `ChunkStore` reads a finished set.
 
 A corpus is stored in the same files, each document as one row holding its whole text
@@ -27,7 +27,7 @@ from typing import Any, TypeVar, overload
 import numpy as np
 import numpy.typing as npt
 
-from rag.atomic import atomic_write_text
+from rag.store.atomic import atomic_write_text
 from rag.types import Chunk, Document, RagError
 
 T = TypeVar("T")

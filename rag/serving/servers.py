@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
-from rag.config import PROJECT_ROOT
+from rag.config.compose import PROJECT_ROOT
 from rag.types import RagError
 
 INFINITY_VERSION = "0.0.78"

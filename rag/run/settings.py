@@ -5,7 +5,7 @@ from its own node (`Settings.nodes`, `_target_` + hydra.utils.instantiate).
 
 Each settings class carries the rules of its own keys (`RULES`); the components' nodes (corpus,
 chunker, embedder, index, retriever, fusion, reranker, llm, ...) are their constructors' arguments,
-checked by the rules of the constructors' annotations (rag/schema.py's `check_components`).
+checked by the rules of the constructors' annotations (rag/config/schema.py's `check_components`).
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from eval.scoring import ScoreSettings
 from experiments import metric_info as MI
 from rag.chunker.contextualize import check_mode
-from rag.latency import LatencySettings
-from rag.schema import (CHART_FORMATS, Check, boolean, check_all, check_components, integer, label, number, path,
+from rag.run.latency import LatencySettings
+from rag.config.schema import (CHART_FORMATS, Check, boolean, check_all, check_components, integer, label, number, path,
                         resolved, string, strings)
-from rag.secrets import check as check_secrets
-from rag.secrets import note_environment
+from rag.serving.secrets import check as check_secrets
+from rag.serving.secrets import note_environment
 from rag.types import RagError
 
 
@@ -34,7 +34,7 @@ class Paths:
 
     cache: str
     model_cache: str  # model artifacts (ONNX exports, conversions, the cross-encoder); default: cache
-    seed: str | None  # read-only artifacts both caches restore from on a miss (rag/cache.py); None: none
+    seed: str | None  # read-only artifacts both caches restore from on a miss (rag/store/cache.py); None: none
 
     RULES: ClassVar[dict[str, Check]] = {"cache": path("a directory"), "model_cache": path("a directory"),
                                          "seed": path("a directory", nullable=True)}
@@ -151,7 +151,7 @@ class Pricing:
         return dict(self.roles).get(role, Price())
 
 
-# eval.*: the scoring settings (eval.scoring.ScoreSettings) and the latency sample (rag.latency).
+# eval.*: the scoring settings (eval.scoring.ScoreSettings) and the latency sample (rag.run.latency).
 EVAL_RULES: dict[str, Check] = {
     "k": integer(1),
     "tau_recall": number(-1, 1, note="a cosine threshold"),
@@ -164,7 +164,7 @@ EVAL_RULES: dict[str, Check] = {
 
 @dataclass(frozen=True)
 class Nodes:
-    """Each component's own config node, instantiated by the session (rag.session.create)."""
+    """Each component's own config node, instantiated by the session (rag.run.session.create)."""
 
     corpus: DictConfig
     qa: DictConfig
@@ -204,7 +204,7 @@ class Settings:
     qa_split: dict[str, Any] | None  # which part of a split question set is scored (rag.qa)
     nodes: Nodes
     resolved: dict[str, Any]  # the whole configuration as plain data (metrics.json's `config`)
-    dry_run: bool = False  # count what served roles would send, send nothing (rag.plan)
+    dry_run: bool = False  # count what served roles would send, send nothing (rag.run.plan)
     contextualize: str = "none"  # chunker.contextualize (rag/chunker/contextualize.py)
 
     RULES: ClassVar[dict[str, Check]] = {"variant": string(), "objective": string(),
@@ -232,21 +232,21 @@ COMPONENTS = ("corpus", "qa", "chunker", "compressor", "embedder", "eval.embedde
 
 def validate(cfg: DictConfig) -> dict[str, Any]:
     """Checks every known value of `cfg`; returns the resolved configuration. A secret-looking
-    value anywhere (a key, a key where a variable's name belongs, a URL's password: rag.secrets)
+    value anywhere (a key, a key where a variable's name belongs, a URL's password: rag.serving.secrets)
     is refused first, in a line that does not repeat it: the resolved config is what metrics.json
     and config_resolved.yaml record."""
     raw = OmegaConf.to_container(cfg, resolve=False)
     check_secrets(raw)  # before a missing value is reported
     data = resolved(cfg)
     check_secrets(data)  # and what interpolations (${oc.env:...}) resolved to
-    note_environment(raw)  # those values are written back as their ${oc.env:...} (rag.secrets.redacted_data)
+    note_environment(raw)  # those values are written back as their ${oc.env:...} (rag.serving.secrets.redacted_data)
     check_all(data, RULES)
     check_components(raw, data, [*COMPONENTS, *_built_if_chosen(data)])
     return data
 
 
 def _built_if_chosen(data: dict[str, Any]) -> list[str]:
-    """The nodes built only when a setting asks for them (rag.session), checked only then. The
+    """The nodes built only when a setting asks for them (rag.run.session), checked only then. The
     judge checks its own settings (eval/judge.py); its endpoint's are checked here."""
     chosen = []
     if str((data.get("chunker") or {}).get("contextualize", "none")) == "llm":

@@ -25,7 +25,7 @@ Records (one small JSON result each: an answer, a judgement, a question's scores
 artifacts: the cache's own carry the sha256 of their body, the seed's are listed with the sha256 of
 their bytes in the seed's manifest (`SEED.json`). A record that fails its check, or is for another
 key, is reported by name and read as absent, so that its caller computes it again (the checks:
-rag/cache_records.py).
+rag/store/cache_records.py).
 """
 from __future__ import annotations
 
@@ -45,15 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag.atomic import atomic_write_text, follow_umask, umask_mode
-from rag.cache_records import OLDER_RECORD, checked_record, foreign, parse_record, seed_record_sums
-from rag.secrets import redacted_data
+from rag.store.atomic import atomic_write_text, follow_umask, umask_mode
+from rag.store.cache_records import OLDER_RECORD, checked_record, foreign, parse_record, seed_record_sums
+from rag.serving.secrets import redacted_data
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-SEED_INDEX = "SEED.json"  # the seed's manifest: its artifacts, and its records' checksums (rag.seed)
+SEED_INDEX = "SEED.json"  # the seed's manifest: its artifacts, and its records' checksums (rag.store.seed)
 KEY_CHARS = 20  # 80 bits of sha256: collision-free for any realistic cache
 # Files this process has hashed and found intact, by (path, size, mtime, inode): a file that is
 # rewritten or replaced gets a new stat and is hashed again. Files it built itself are not entered,
@@ -191,7 +191,7 @@ class ArtifactCache:
     def _foreign(manifest: dict[str, Any], kind: str, key: str) -> str | None:
         """What is wrong when a directory's manifest is another key's (or kind's), else None: an
         entry copied or moved over this key's holds another configuration's payload, whose files
-        are intact by their own checksums (rag.cache_records.foreign, the rule records follow)."""
+        are intact by their own checksums (rag.store.cache_records.foreign, the rule records follow)."""
         if manifest.get("kind") not in (None, kind):
             return (f"is damaged (it holds a {manifest.get('kind')!r} entry, not a {kind!r} one: "
                     "a moved or copied directory)")

@@ -11,15 +11,15 @@ from omegaconf import OmegaConf
 
 from eval.trec import format_qrels, format_run
 from experiments import metric_info as MI
-from rag import strict_json
-from rag.atomic import atomic_write_text
-from rag.fitted import fitted_lines
+from rag.store import strict_json
+from rag.store.atomic import atomic_write_text
+from rag.run.fitted import fitted_lines
 from rag.llm.base import Stopped
-from rag.plan import format_plan
-from rag.provenance import provenance_lines
+from rag.run.plan import format_plan
+from rag.run.provenance import provenance_lines
 from rag.retriever.routing import routing_lines
-from rag.secrets import redacted_data
-from rag.settings import RunReport
+from rag.serving.secrets import redacted_data
+from rag.run.settings import RunReport
 from rag.types import QAItem, RagError, Relevance
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
-from rag.atomic import atomic_write_text
+from rag.store.atomic import atomic_write_text
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ SWEEP_FILES = ("multirun.yaml", "dry_run.json", "optimization_results.yaml")
 # A report's charts are drawn here first (a fresh name each time) and moved into charts/ once
 # the marker lists them.
 CHART_STAGING = ".charts.tmp-"
-# Temporary names of atomic writes (rag.atomic.atomic_write_text) that a killed run left behind.
+# Temporary names of atomic writes (rag.store.atomic.atomic_write_text) that a killed run left behind.
 STAGED_GLOB = ".*.tmp-*"
 
 _held: dict[Path, IO[str]] = {}  # the locks of the directories this process has claimed (held until exit)
@@ -163,7 +163,7 @@ def _unlock(path: Path) -> None:
 def _cmdline(pid: int) -> list[str] | None:
     """A process's command line, redacted (it is written into the lock file and may be shown), or
     None where it cannot be read (no /proc, or no such process)."""
-    from rag.secrets import redact
+    from rag.serving.secrets import redact
 
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()

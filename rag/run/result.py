@@ -1,6 +1,6 @@
 """The result of one run: metrics.json, typed.
 
-`rag.pipeline.run` builds a `RunResult` and writes `to_json()` as metrics.json; everything that
+`rag.run.pipeline.run` builds a `RunResult` and writes `to_json()` as metrics.json; everything that
 reads a run back (the sweep summary, MLflow tracking, charts, benchmarks) goes through
 `RunResult.from_json` and `flatten`, so the column names of a run's flat row are decided here and
 nowhere else.
@@ -63,13 +63,13 @@ class RunResult:
     # from before it was recorded). rag.corpus.slicing.Kept writes and reads each entry.
     slice: dict[str, dict[str, Any]] | None = None
     # Where the questions and the relevance labels came from: {"questions": {"human", "generated",
-    # "generators"}, "labels": {"source": "qa" | "llm", ...}} (rag.provenance). None: absent (runs
+    # "generators"}, "labels": {"source": "qa" | "llm", ...}} (rag.run.provenance). None: absent (runs
     # from before it was recorded, read as human questions with the question file's labels).
     provenance: dict[str, Any] | None = None
     # The run's fitted parts, when some was fitted on corpora other than this run's: {"corpus":
     # {"name", "documents"}, "parts": {"reranker" | "router" | "chunker": {"on": [{"name",
     # "fingerprint", "documents"}], "this_corpus", ...}}, "check": the ablation sweep's command}
-    # (rag.fitted). None: absent (every part fitted on this corpus, or a run from before it was recorded).
+    # (rag.run.fitted). None: absent (every part fitted on this corpus, or a run from before it was recorded).
     fitted: dict[str, Any] | None = None
     # How many answers stopped at the generator's token limit: {"stopped": 6, "of": 6, "setting":
     # "llm.max_tokens", "value": 64} (rag.llm.base.Stopped). None: absent (no answers, a generator

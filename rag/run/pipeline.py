@@ -5,7 +5,7 @@
     ->  score (+ judge)  ->  write
 
 A version preset (`+version=v2`) is only a set of config choices; nothing here asks which version
-it is. Every cached artifact is built or loaded by rag.artifacts; the stage table is in
+it is. Every cached artifact is built or loaded by rag.run.artifacts; the stage table is in
 docs/explanation/architecture.md.
 """
 from __future__ import annotations
@@ -22,23 +22,24 @@ from eval.judge import Item, Judge
 from eval.record import Generation, GivenContext, QuestionLatency, QuestionRecord
 from eval.relevance import SOURCE, question_labels
 from eval.scoring import JudgedLabels, add_judge_scores, score
-from rag import latency, plan
-from rag.artifacts import Answers
+from rag.run import latency
+from rag.run import plan
+from rag.run.artifacts import Answers
 from rag.chunker.router import RoutedChunker
 from rag.corpus.slicing import Kept, answer_subset
 from rag.embedder.base import Embedder
 from rag.llm.answer_cache import usage_totals
-from rag.fitted import ablation_command, chunker_part, reranker_part, router_part, run_overrides, section
-from rag.output import trec_files, write_report, write_results
-from rag.provenance import add_passage_texts, run_provenance
-from rag.query import retrieve_rerank_all, unfiltered_candidates
+from rag.run.fitted import ablation_command, chunker_part, reranker_part, router_part, run_overrides, section
+from rag.run.output import trec_files, write_report, write_results
+from rag.run.provenance import add_passage_texts, run_provenance
+from rag.run.query import retrieve_rerank_all, unfiltered_candidates
 from rag.reranker.base import Reranker
-from rag.result import Objective, RunResult
+from rag.run.result import Objective, RunResult
 from rag.retriever.base import Retriever
 from rag.retriever.routing import Route, lost_recall, routing_report
 from rag.retriever.source_filter import SourceFilter
-from rag.session import Session, open_session, sample_level
-from rag.settings import Pricing, Settings, load
+from rag.run.session import Session, open_session, sample_level
+from rag.run.settings import Pricing, Settings, load
 from rag.types import Context, Hits
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def run(config: Settings | DictConfig, output_dir: str | Path) -> dict[str, Any]
 
 def rank(session: Session) -> Ranked:
     """Route (when the retriever routes), then every question retrieved and reranked one at a
-    time, then a sample of them timed again (rag.latency)."""
+    time, then a sample of them timed again (rag.run.latency)."""
     timer, retriever, qa = session.timer, session.retriever, session.qa
     queries = [q.question for q in qa]
     route_ms, routes, unfiltered = None, None, {}
@@ -260,7 +261,7 @@ def assemble(session: Session, ranked: Ranked, placed: PlacedAnswers, aggregates
 
 
 def fitted_section(session: Session, output_dir: str | Path) -> dict[str, Any] | None:
-    """metrics.json `fitted` (rag.fitted): the run's fitted parts, each against the run's corpus,
+    """metrics.json `fitted` (rag.run.fitted): the run's fitted parts, each against the run's corpus,
     when some part was fitted on another corpus; None otherwise."""
     config = session.settings.resolved
     tags = {str(t) for t in np.unique(session.chunk_set.sources)}

@@ -10,7 +10,7 @@ from typing import Any
 
 from rag.types import RagError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 # A short random id drawn once per process: it makes the default run and sweep directories unique
 # even for runs started in the same second (conf/config.yaml, `${ragrig_run_id:}`).
@@ -55,8 +55,8 @@ def compose_config(overrides: list[str], config_name: str = "config") -> Any:
 def config_error_line(e: BaseException) -> str:
     """Hydra's and OmegaConf's composition errors as one line: the problem, the bad override and,
     for an unknown config-group option, the options there are (no search path, no doc links). A
-    secret-looking value in the quoted override is redacted (rag.secrets)."""
-    from rag.secrets import redact_assignments
+    secret-looking value in the quoted override is redacted (rag.serving.secrets)."""
+    from rag.serving.secrets import redact_assignments
 
     return redact_assignments(_config_error_line(e))
 
