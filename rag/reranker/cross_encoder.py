@@ -66,7 +66,7 @@ def load_cross_encoder(path: str, max_length: int, device: str) -> Any:
 
 
 class CrossEncoderReranker(PointwiseReranker):
-    probe_questions = backend_choice.QUESTIONS  # fewer make a coarser probe, for a benchmark's seconds-long run
+    probe_questions: int | None = None  # backend_choice.QUESTIONS; fewer make a coarser probe, for a benchmark's tiny run
 
     @checked("reranker")
     def __init__(
@@ -192,7 +192,7 @@ class CrossEncoderReranker(PointwiseReranker):
             log.warning("reranker: backend=auto cannot read its probe texts %s (%s); running torch fp32",
                         probe.probe_file(), e)
             return Choice(REFERENCE, f": no probe (its texts {probe.probe_file()} are unreadable)")
-        pools = backend_choice.probe_pairs(passages, questions[:self.probe_questions], backend_choice.POOL)
+        pools = backend_choice.probe_pairs(passages, questions[:self.probe_questions or backend_choice.QUESTIONS], backend_choice.POOL)
         record = self._probe_record(model, path, pools)
         measured = [m for name, d in record["candidates"].items()
                     for m in [backend_choice.Measured.from_json(name, d)] if m.candidate in allowed]
