@@ -24,6 +24,7 @@ FAMILIES = {
     "faiss": "benchmarks.faiss_indexes:bench_faiss",
     "encoding": "benchmarks.encoding:bench_encoding",
     "onnx": "benchmarks.onnx_backend:bench_onnx",
+    "reranker_backends": "benchmarks.reranker_backends:bench_reranker_backends",
     "end_to_end": "benchmarks.end_to_end:bench_end_to_end",
     "scale": "benchmarks.scale:bench_scale",
     "medline": "benchmarks.medline:bench_medline",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,16 +70,23 @@ def chunk_set_of(texts: list[str]) -> Any:
     return ChunkSet(make_key("chunks", {"bench": "encoding"}, {"texts": h}), chunks)
 
 
-def encode_flops(st: Any, texts: list[str], batch_size: int, sort_by: str = "chars") -> dict[str, Any]:
-    """Work of encoding `texts` in batches sorted by length, longest first, each batch padded to
-    its longest: sorted by characters as sentence-transformers does (`sort_by="chars"`), or by
+def attention_flops(layers: int, hidden: int, queries: float, keys: float) -> float:
+    """QK^T and AV for `queries` positions each attending to `keys` positions: 2 x 2 x hidden per
+    (query, key) per layer (grouped-query attention shares keys and values, not this arithmetic)."""
+    return 4.0 * layers * hidden * queries * keys
+
+
+def encode_flops(st: Any, texts: Sequence[str | tuple[str, str]], batch_size: int, sort_by: str = "chars") -> dict[str, Any]:
+    """Work of encoding `texts` (strings, or (query, passage) pairs for a cross-encoder, `st` a
+    CrossEncoder) in batches sorted by length, longest first, each batch padded to its longest:
+    sorted by characters as sentence-transformers does (`sort_by="chars"`, a pair's summed), or by
     tokens as the harness's stage does (`"tokens"`, SentenceTransformerEmbedder.encode_blocks).
-    Tokens, padded tokens and GFLOP (2 x non-embedding parameters per token, plus attention's
-    QK^T and AV: 4 x layers x sequence x hidden per token)."""
+    Tokens, padded tokens and GFLOP (2 x non-embedding parameters per token, plus attention over
+    the sequence: attention_flops)."""
     tok = st.tokenizer
     max_len = int(st.max_seq_length)
     lengths = np.array([len(ids) for ids in tok(texts, truncation=True, max_length=max_len)["input_ids"]])
-    keys = lengths if sort_by == "tokens" else np.array([len(t) for t in texts])
+    keys = lengths if sort_by == "tokens" else np.array([len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts])
     order = np.argsort(-keys, kind="stable")
     padded, attn = 0, 0.0
     cfg = st[0].model.config if hasattr(st[0], "model") else st[0].auto_model.config
@@ -87,7 +95,7 @@ def encode_flops(st: Any, texts: list[str], batch_size: int, sort_by: str = "cha
         seq = int(lengths[order[a : a + batch_size]].max())
         m = len(order[a : a + batch_size])
         padded += seq * m
-        attn += 4.0 * layers * seq * hidden * seq * m
+        attn += attention_flops(layers, hidden, seq * m, seq)
     params = sum(p.numel() for n, p in st.named_parameters() if "embeddings" not in n)
     gflop = (2.0 * params * padded + attn) / 1e9
     return {"tokens": int(lengths.sum()), "padded_tokens": int(padded), "padding_overhead": round(padded / lengths.sum(), 3),

@@ -20,6 +20,11 @@ Limits: the float32 and bfloat16 GEMM rates (torch.matmul on the prompt's shapes
 all threads) and the read bandwidth (numpy, 512 MB) measured in the same run; the prefill FLOPs of
 the prompts (2 x non-embedding parameters per token, plus attention) and the bytes a decoding
 step reads (weights, plus each live row's KV cache) turn them into a floor in seconds.
+
+Phases: `llm=smollm2` as configured, one question at a time, its prefill and its decoding steps
+timed apart on the generator's own loop; prefill GFLOP/s against the float32 GEMM rate, and, as
+decoding one row is bound by memory rather than arithmetic, the bytes a step reads against the
+read bandwidth.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import compose, environment, finish, ratio, row, run_mode, start
+from benchmarks.encoding import attention_flops
 
 OLD_DECODING = {"max_new_tokens": 96, "stop": [], "repeat_stop_ngram": 0, "no_repeat_ngram_size": 0}
 BEFORE = {"runtime": "generate", "batch_size": 4, "num_threads": 1, "dtype": "float32", **OLD_DECODING}
@@ -131,6 +137,73 @@ def floor_seconds(costs: dict[str, float], stats: dict[str, float], limits: dict
             "gemm_gflop_s": gemm}
 
 
+def phases(gen: Any, prompts: dict[str, Any], costs: dict[str, float], n: int, new_tokens: int,
+           repeats: int = 2) -> dict[str, Any]:
+    """Prefill and decoding of the first `n` prompts, one at a time, on the generator's own loop
+    with answers of `new_tokens` tokens that nothing ends early (no end-of-turn, no stop rule): the
+    model's forward passes timed by hooks, the first a prefill, the others decoding steps; best of
+    `repeats` each. Their work: 2 x non-embedding parameters per token plus attention over the
+    context (causal: a prompt's position attends to itself and those before it); the bytes a step
+    reads: every weight (the tied output head reads the embedding) and the KV cache so far."""
+    import torch
+
+    from rag.llm.decoding import DecodingRules, greedy_batch
+
+    previous = torch.get_num_threads()
+    gen.warm_up()  # its threads, as generate() sets them (and restores them: below)
+    tok, lm = gen.load()
+    texts = gen.prompts(prompts["questions"][:n], prompts["contexts"][:n])
+    layers, hidden = int(costs["layers"]), int(costs["hidden"])
+    per_token_flop = 2.0 * costs["non_embedding_params"]
+    weight_bytes = costs["params"] * next(lm.parameters()).element_size()
+    kv_per_token = costs["kv_bytes_per_token_fp32"]
+    out: dict[str, Any] = {"prompts": len(texts), "threads": torch.get_num_threads(), "prefill_tokens": 0,
+                           "prefill_s": 0.0, "prefill_gflop": 0.0, "decode_steps": 0, "decode_s": 0.0,
+                           "decode_gflop": 0.0, "decode_gb": 0.0}
+    forwards: list[float] = []
+    hooks = [lm.register_forward_pre_hook(lambda *a: forwards.append(-time.perf_counter())),
+             lm.register_forward_hook(lambda *a: forwards.append(forwards.pop() + time.perf_counter()))]
+    rules = DecodingRules(new_tokens)
+    try:
+        with torch.inference_mode():
+            for text in texts:
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+                runs = []
+                for _ in range(repeats):
+                    forwards.clear()
+                    greedy_batch(lm, tok, [ids], rules, eos=set())
+                    runs.append((forwards[0], sum(forwards[1:]), len(forwards) - 1))
+                length, steps = len(ids), runs[0][2]
+                contexts = np.arange(length + 1, length + 1 + steps)
+                out["prefill_tokens"] += length
+                out["prefill_s"] += min(r[0] for r in runs)
+                out["prefill_gflop"] += (per_token_flop * length
+                                         + attention_flops(layers, hidden, length, (length + 1) / 2)) / 1e9
+                out["decode_steps"] += steps
+                out["decode_s"] += min(r[1] for r in runs)
+                out["decode_gflop"] += (per_token_flop * steps + attention_flops(layers, hidden, 1, contexts.sum())) / 1e9
+                out["decode_gb"] += (weight_bytes * steps + kv_per_token * contexts.sum()) / 1e9
+    finally:
+        for h in hooks:
+            h.remove()
+        torch.set_num_threads(previous)
+    return out
+
+
+def against_limits(ph: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]:
+    """The phases' rates and their share of the machine's: GFLOP/s over the float32 GEMM rate at the
+    threads they ran on, and decoding's GB/s read over the read bandwidth."""
+    gemm = limits.get(f"gemm_float32_{ph['threads']}t_gflop_s") or limits["gemm_float32_1t_gflop_s"]
+    prefill, decode = ph["prefill_gflop"] / ph["prefill_s"], ph["decode_gflop"] / ph["decode_s"]
+    read = ph["decode_gb"] / ph["decode_s"]
+    return {"gemm_gflop_s": gemm, "prefill_tokens_per_s": round(ph["prefill_tokens"] / ph["prefill_s"], 1),
+            "prefill_gflop_s": round(prefill, 1), "prefill_vs_gemm": ratio(prefill, gemm),
+            "decode_tokens_per_s": round(ph["decode_steps"] / ph["decode_s"], 1),
+            "decode_gflop_s": round(decode, 2), "decode_vs_gemm": ratio(decode, gemm),
+            "decode_gb_s": round(read, 2), "decode_vs_bandwidth": ratio(read, limits["read_gb_s"]),
+            "decode_mb_per_token": round(1000 * ph["decode_gb"] / ph["decode_steps"], 1)}
+
+
 def run_variant(name: str, settings: dict[str, Any], base_llm: dict[str, Any], prompts: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -205,9 +278,11 @@ def bench_generation_speed(quick: bool = True, full: bool = False, tiny: bool = 
     single = {"before": single_question_ms(before["generator"], prompts, n_single),
               "after": single_question_ms(results["after"]["generator"], prompts, n_single)}
     costs = model_costs(before["generator"]._lm[1])
+    phase = phases(results["after"]["generator"], prompts, costs, n=1 if tiny else 4, new_tokens=4 if tiny else 32)
     for r in results.values():
         del r["generator"]
     limits = machine_limits(threads)
+    phase.update(against_limits(phase, limits))
     mean_ctx = float(np.mean([s for s in [before["stats"]["prefill_tokens"] / len(prompts["questions"])]]))
     for r in results.values():
         r["stats"]["mean_context"] = mean_ctx
@@ -224,6 +299,7 @@ def bench_generation_speed(quick: bool = True, full: bool = False, tiny: bool = 
         "differing_answers": [{"question": q, "before": a, "after": b} for q, a, b in
                               zip(prompts["questions"], before["answers"], same["answers"]) if a != b],
         "variants": results, "single_question_ms": single, "quality": quality, "limits": limits, "model": costs,
+        "phases": phase,
         "threads": threads, "environment": environment(),
     }
     out["table"] = table(out)
@@ -253,7 +329,20 @@ def table(out: dict[str, Any]) -> list[dict[str, Any]]:
     for name, q in out["quality"].items():
         rows.append(row(f"{name}: answer-GT / grounding / hallucination", f"{q['answer_gt']} / {q['grounding']} / "
                         f"{q['hallucination']}", "", f"{v[name]['tokens_per_answer']} tokens per answer"))
-    lim = out["limits"]
+    ph, lim = out["phases"], out["limits"]
+    who = (f"llm=smollm2 (fp32), one question at a time, first {ph['prompts']} prompt(s), {ph['threads']} thread(s); "
+           "2 x non-embedding parameters per token plus attention")
+    rows += [
+        row("after: prefill", ph["prefill_gflop_s"], "GFLOP/s",
+            f"{ph['prefill_vs_gemm']}x the float32 GEMM rate ({ph['gemm_gflop_s']} GFLOP/s); "
+            f"{ph['prefill_tokens_per_s']} prompt tokens/s; {who}"),
+        row("after: decode, one row", ph["decode_gflop_s"], "GFLOP/s",
+            f"{ph['decode_vs_gemm']}x the float32 GEMM rate: one token a step is bound by memory, not arithmetic; "
+            f"{ph['decode_tokens_per_s']} tokens/s; {who}"),
+        row("after: decode, one row, weights and KV cache read", ph["decode_gb_s"], "GB/s",
+            f"{ph['decode_vs_bandwidth']}x the read bandwidth ({lim['read_gb_s']} GB/s); "
+            f"{ph['decode_mb_per_token']} MB a token (every fp32 weight, the tied head included, plus the KV cache)"),
+    ]
     rows.append(row("machine: read bandwidth / GEMM fp32 1t, {t}t / bf16 1t, {t}t".format(t=out["threads"]),
                     f"{lim['read_gb_s']} GB/s / " + ", ".join(str(lim[k]) for k in lim if k.startswith("gemm_float32"))
                     + " / " + ", ".join(str(lim[k]) for k in lim if k.startswith("gemm_bfloat16")), "GFLOP/s", ""))

@@ -26,7 +26,7 @@ def _check_table(res):
 
 
 def test_registry_functions_take_quick_and_full():
-    assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "end_to_end", "scale", "medline", "ray_encoding",
+    assert set(REGISTRY) == {"bm25", "faiss", "encoding", "onnx", "reranker_backends", "end_to_end", "scale", "medline", "ray_encoding",
                              "generation", "serving", "served_models", "generation_speed", "openvino_generation",
                              "retrieval_latency", "alpha_sweep",
                              "grid_sweep", "reranking", "demo", "xdomain", "own_data"}
@@ -165,6 +165,22 @@ def test_onnx_tiny():
 
 
 @pytest.mark.slow
+def test_reranker_backends_tiny_sets_each_backend_against_its_gemm_ceiling():
+    pytest.importorskip("onnxruntime")
+    from benchmarks.reranker_backends import bench_reranker_backends
+
+    res = bench_reranker_backends(quick=True, full=False, tiny=True)
+    _check_table(res)
+    b = res["backends"]
+    assert {"torch fp32", "onnx fp32"} <= set(b) and res["pairs"] == res["pool"] * res["questions"]
+    assert all(x["gflops"] > 0 and x["vs_gemm_ceiling"] > 0 for x in b.values())
+    assert b["torch fp32"]["overlap"] == 1.0 and b["onnx fp32"]["overlap"] == 1.0, "ONNX fp32 keeps fp32's order"
+    assert res["auto"]["picks"] in b and res["auto"]["line"].startswith(res["auto"]["picks"])
+    assert ("torch bf16" in b) == ("bf16" in res["gemm_gflops"])
+    assert res["gflop"] > 0 and res["padded_tokens"] >= res["tokens"]
+
+
+@pytest.mark.slow
 def test_end_to_end_tiny():
     from benchmarks.end_to_end import bench_end_to_end
 
@@ -261,6 +277,9 @@ def test_generation_speed_tiny(tmp_path):
     _check_table(res)
     assert res["generation_identical_share"] == 1.0 and res["generation_speedup"] > 0
     assert res["n_questions"] == 3 and res["limits"]["read_gb_s"] > 0
+    ph = res["phases"]
+    assert ph["prefill_gflop_s"] > 0 and 0 < ph["decode_vs_gemm"] < ph["prefill_vs_gemm"]
+    assert ph["decode_vs_bandwidth"] > 0 and ph["decode_mb_per_token"] > 4 * res["model"]["params"] / 1e6
     assert set(res["quality"]) == {"before", "after"}
 
 

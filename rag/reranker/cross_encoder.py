@@ -66,6 +66,8 @@ def load_cross_encoder(path: str, max_length: int, device: str) -> Any:
 
 
 class CrossEncoderReranker(PointwiseReranker):
+    probe_questions: int | None = None  # backend_choice.QUESTIONS; fewer make a coarser probe, for a benchmark's tiny run
+
     @checked("reranker")
     def __init__(
         self,
@@ -190,7 +192,7 @@ class CrossEncoderReranker(PointwiseReranker):
             log.warning("reranker: backend=auto cannot read its probe texts %s (%s); running torch fp32",
                         probe.probe_file(), e)
             return Choice(REFERENCE, f": no probe (its texts {probe.probe_file()} are unreadable)")
-        pools = backend_choice.probe_pairs(passages, questions[:backend_choice.QUESTIONS], backend_choice.POOL)
+        pools = backend_choice.probe_pairs(passages, questions[:self.probe_questions or backend_choice.QUESTIONS], backend_choice.POOL)
         record = self._probe_record(model, path, pools)
         measured = [m for name, d in record["candidates"].items()
                     for m in [backend_choice.Measured.from_json(name, d)] if m.candidate in allowed]
@@ -213,19 +215,7 @@ class CrossEncoderReranker(PointwiseReranker):
         def run() -> list[backend_choice.Measured]:
             log.info("reranker: measuring %s for backend=auto on this machine (once per machine, model and library "
                      "versions; %d pairs)", ", ".join(c.name for c in candidates), params["pairs"])
-            scorers: dict[Candidate, backend_choice.Score] = {}
-            for c in candidates:
-                if c.backend == "onnx":
-                    try:
-                        scorer = self._onnx_scorer(model, path)
-                    except RagError as e:
-                        log.warning("reranker: %s is no candidate here: %s", c.name, e)
-                        continue
-                    scorers[c] = functools.partial(self._onnx_logits, scorer, model)
-                else:
-                    scorers[c] = functools.partial(predict_logits, model, batch_size=self.batch_size,
-                                                   bf16=c.precision == "bf16")
-            measured = backend_choice.measure(scorers, pools)
+            measured = backend_choice.measure(self.scorers(model, path, candidates), pools)
             ref = next(m for m in measured if m.candidate == REFERENCE)
             log.info("reranker: probe: %s", "; ".join(
                 f"{m.candidate.name} {m.rate:.1f} pairs/s ({m.rate / ref.rate:.2f}x), top-{backend_choice.TOP} "
@@ -233,6 +223,22 @@ class CrossEncoderReranker(PointwiseReranker):
             return measured
 
         return probe.recorded_probe(self.cache, PROBE_KIND, params, run, {"pairs": params["pairs"]})
+
+    def scorers(self, model: Any, path: str, candidates: Sequence[Candidate]) -> dict[Candidate, backend_choice.Score]:
+        """Each candidate's logits of pairs on `model`, as the reranker computes them once it runs
+        that candidate; an ONNX export that fails is no candidate (a warning says why)."""
+        out: dict[Candidate, backend_choice.Score] = {}
+        for c in candidates:
+            if c.backend == "onnx":
+                try:
+                    scorer = self._onnx_scorer(model, path)
+                except RagError as e:
+                    log.warning("reranker: %s is no candidate here: %s", c.name, e)
+                    continue
+                out[c] = functools.partial(self._onnx_logits, scorer, model)
+            else:
+                out[c] = functools.partial(predict_logits, model, batch_size=self.batch_size, bf16=c.precision == "bf16")
+        return out
 
     def _onnx_logits(self, scorer: Any, model: Any, pairs: list[tuple[str, str]]) -> np.ndarray:
         if not pairs:
