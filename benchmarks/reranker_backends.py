@@ -37,10 +37,10 @@ def bench_reranker_backends(quick: bool = True, full: bool = False, tiny: bool =
     """The cross-encoder's backends (torch fp32, torch bf16 where native, ONNX fp32) on v3's pools:
     pairs/s, GFLOP/s against the fp32 and bf16 GEMM ceilings, top-5 overlap with fp32, and what
     `reranker.backend=auto` picks."""
-    from rag.cache import ArtifactCache
+    from rag.store.cache import ArtifactCache
     from rag.embedder.backend_choice import REFERENCE, cpu_flags
     from rag.embedder.probe import probe_texts
-    from rag.session import create
+    from rag.run.session import create
 
     clock = start()
     n = questions or QUESTIONS[run_mode(tiny, full)]
