@@ -18,10 +18,10 @@ repetition guard stops a prompt alone as its tokens arrive (a padded batch is cu
 differs from fp32's only where 8-bit weights flip a near-tie token.
 
 The repetition guard has no native equivalent (`no_repeat_ngram_size` bans tokens, which changes
-greedy decisions), so it runs in a per-token Python streamer. The streamer costs about 30 us a
-token next to a decoding step of 8-40 ms (docs/results/2026-11-28-openvino-decode.md): no
-callback at all, cutting afterwards, decodes at the same rate but generates the tokens past the
-repeat that the streamer saves. Native stop strings are not used either: the repetition guard cuts
+greedy decisions), so it runs in a per-token Python streamer, whose cost is a rounding error next
+to a decoding step: `generate` with no callback, cut afterwards, decodes no faster and generates
+the tokens past each repeat that the streamer saves (benchmarks.openvino_generation,
+decode_ratio_openvino_native). Native stop strings are not used either: the repetition guard cuts
 where a repeat began, which may lie before a stop string that ended the generation, so stopping
 there could keep text the rules would cut.
 """
