@@ -10,6 +10,13 @@ questions; the tokens/s ratio beside it), the identical-answer
 share, and the paired differences of answer-GT, grounding and hallucination (fp32 as the
 baseline: mean, paired-bootstrap 95% CI, Holm-corrected p-values of the paired randomization test,
 as the verdict computes them).
+
+Beside them, **decode_ratio_openvino_native**: llm=openvino's decode rate (one prompt at a time,
+its decoding rules applied per token by a Python streamer) over the ceiling, OpenVINO GenAI's own
+`generate` with no callback on the same prompts and GenerationConfig (greedy, the cap, the
+end-of-turn ids), both by OpenVINO's own clock after the first token. The two paths alternate
+prompt by prompt, best of `repeats` each, so that a busy machine slows both alike; the native
+tokens, cut by the same rules afterwards, must give llm=openvino's answers.
 """
 from __future__ import annotations
 
@@ -75,7 +82,60 @@ def measure(name: str, base_llm: dict[str, Any], prompts: dict[str, Any], thread
             "new_tokens": st["new_tokens"], "prefill_tokens": prefill_tokens,
             "prefill_tokens_per_s": round(prefill_tokens / prefill_s, 1),
             "tokens_per_s": round(st["new_tokens"] / wall, 2),
-            "decode_tokens_per_s": round(decode_tokens / max(wall - prefill_s, 1e-9), 2)}
+            # None where the load made the answers' best run faster than the prefill's: the
+            # difference of two wall times is then no decode time
+            "decode_tokens_per_s": round(decode_tokens / (wall - prefill_s), 2) if wall > prefill_s else None,
+            **({"native_ceiling": native_ceiling(gen, prompts, repeats)} if name == "openvino" else {})}
+
+
+def native_ceiling(gen: Any, prompts: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """llm=openvino's streamer path against OpenVINO's `generate` with no callback (see the
+    module's docstring): decode tokens, seconds and rate, wall time, and identical answers."""
+    import openvino as ov
+    import openvino_genai as ov_genai
+
+    from rag.llm.decoding import finish_text, rules_cut
+    from rag.llm.openvino import decode_timing
+
+    texts = gen.prompts(prompts["questions"], prompts["contexts"])
+    encoded = [gen._tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    eos = gen._eos()
+    config = gen._config(eos)
+
+    def native(prompt: list[int]) -> tuple[Any, int, tuple[int, float]]:
+        ids = np.asarray([prompt], dtype=np.int64)
+        out = gen._pipe.generate(ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config)
+        tokens = [int(t) for t in out.tokens[0]]
+        return rules_cut(tokens, gen.rules, eos), len(tokens), decode_timing(out)
+
+    def ragrig(prompt: list[int]) -> tuple[Any, int, tuple[int, float]]:
+        made, timing = gen._generate_one(prompt, eos)
+        return made[0][0], made[0][1], timing
+
+    paths = {"native": native, "ragrig": ragrig}
+    best: dict[str, list[dict[str, Any]]] = {name: [{} for _ in encoded] for name in paths}
+    for rep in range(repeats):
+        for i, prompt in enumerate(encoded):
+            for name in sorted(paths, reverse=(rep + i) % 2 == 1):
+                t0 = time.perf_counter()
+                answer, generated, (decoded, decode_s) = paths[name](prompt)
+                wall = time.perf_counter() - t0
+                text = finish_text(gen._tok.decode(answer.kept(), skip_special_tokens=True), gen.rules)
+                b = best[name][i]
+                if not b or wall < b["wall_s"]:
+                    b.update(wall_s=wall, new_tokens=generated, text=text)
+                if not b.get("decode_s") or decode_s < b["decode_s"]:
+                    b.update(decode_tokens=decoded, decode_s=decode_s)
+    out: dict[str, Any] = {}
+    for name, rows in best.items():
+        tokens, seconds = sum(r["decode_tokens"] for r in rows), sum(r["decode_s"] for r in rows)
+        out[name] = {"decode_tokens": tokens, "decode_s": round(seconds, 3),
+                     "decode_tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else None,
+                     "new_tokens": sum(r["new_tokens"] for r in rows),
+                     "wall_s": round(sum(r["wall_s"] for r in rows), 2)}
+    out["identical_answers"] = sum(a["text"] == b["text"] for a, b in zip(best["native"], best["ragrig"]))
+    out["n"] = len(encoded)
+    return out
 
 
 def paired(baseline: np.ndarray, other: np.ndarray) -> dict[str, Any]:
@@ -135,6 +195,8 @@ def bench_openvino_generation(quick: bool = True, full: bool = False, tiny: bool
         "prefill_speedup_openvino": ratio(ov["prefill_tokens_per_s"], fp["prefill_tokens_per_s"]),
         "decode_speedup_openvino": ratio(ov["decode_tokens_per_s"], fp["decode_tokens_per_s"]),
         "openvino_identical_share": round(identical, 4),
+        "decode_ratio_openvino_native": ratio(ov["native_ceiling"]["ragrig"]["decode_tokens_per_s"],
+                                              ov["native_ceiling"]["native"]["decode_tokens_per_s"]),
         "answer_differences": diffs,
         "quality": {name: {m: round(float(v.mean()), 4) for m, v in s.items()} for name, s in scores.items()},
         "differing_answers": [{"question": q, "fp32": a, "openvino": b} for q, a, b in
@@ -161,6 +223,14 @@ def table(out: dict[str, Any]) -> list[dict[str, Any]]:
         row("identical answers (openvino vs fp32)", out["openvino_identical_share"], "share",
             f"{len(out['differing_answers'])} differ"),
     ]
+    c = out["engines"]["openvino"]["native_ceiling"]
+    for name, label in (("native", "OpenVINO generate, no callback (ceiling)"), ("ragrig", "llm=openvino")):
+        r = c[name]
+        rows.append(row(f"{label}: decode tokens/s", r["decode_tokens_per_s"], "tok/s",
+                        f"{r['decode_tokens']} tokens in {r['decode_s']} s after the first; "
+                        f"wall {r['wall_s']} s for {r['new_tokens']} tokens"))
+    rows.append(row("**decode_ratio_openvino_native** (llm=openvino / ceiling)", out["decode_ratio_openvino_native"],
+                    "x", f"answers identical to the ceiling's cut by the rules: {c['identical_answers']} of {c['n']}"))
     for m, d in out["answer_differences"].items():
         rows.append(row(f"{m}: openvino - fp32", d["mean_diff"], "",
                         f"95% CI [{d['ci95'][0]}, {d['ci95'][1]}], Holm p {d['p_holm']}"

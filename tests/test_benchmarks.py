@@ -513,6 +513,8 @@ def test_openvino_generation_benchmark_reports_the_speedup_and_the_answer_differ
     res = bench_openvino_generation(tiny=True)
     assert res["n_questions"] == 3 and res["generation_speedup_openvino"] > 0
     assert 0 <= res["openvino_identical_share"] <= 1
+    ceiling = res["engines"]["openvino"]["native_ceiling"]
+    assert res["decode_ratio_openvino_native"] > 0 and ceiling["identical_answers"] == ceiling["n"] == 3
     assert set(res["answer_differences"]) == {"answer_gt", "grounding", "hallucination"}
     assert all("p_holm" in d for d in res["answer_differences"].values())
 

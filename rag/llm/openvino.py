@@ -12,9 +12,18 @@ interpreter). Only the runtime, openvino-genai, is imported here.
 
 The prompts are the ones `llm=smollm2` builds: the same tokenizer (saved with the project's
 transformers, whose SmolLM2 end-of-sequence token is right), chat template, context format and
-system prompt. Decoding is greedy; the end-of-turn token stops it, and the stop strings and
-repetition guard cut the answer afterwards (as `llm.runtime=generate` does), so an answer differs
-from fp32's only where 8-bit weights flip a near-tie token.
+system prompt. Decoding is greedy; the end-of-turn token stops it natively (stop token ids), the
+repetition guard stops a prompt alone as its tokens arrive (a padded batch is cut afterwards, as
+`llm.runtime=generate` does), and the stop strings cut the answer text afterwards, so an answer
+differs from fp32's only where 8-bit weights flip a near-tie token.
+
+The repetition guard has no native equivalent (`no_repeat_ngram_size` bans tokens, which changes
+greedy decisions), so it runs in a per-token Python streamer, whose cost is a rounding error next
+to a decoding step: `generate` with no callback, cut afterwards, decodes no faster and generates
+the tokens past each repeat that the streamer saves (benchmarks.openvino_generation,
+decode_ratio_openvino_native). Native stop strings are not used either: the repetition guard cuts
+where a repeat began, which may lie before a stop string that ended the generation, so stopping
+there could keep text the rules would cut.
 """
 from __future__ import annotations
 
@@ -255,12 +264,15 @@ class OpenVINOGenerator(UsesCache, Generator):
         eos = self._eos()
         answers, latencies = [""] * len(texts), [0.0] * len(texts)
         stopped = [False] * len(texts)
-        totals = {"new_tokens": 0, "answer_tokens": 0, "prefill_tokens": 0}
+        totals = {"new_tokens": 0, "answer_tokens": 0, "prefill_tokens": 0, "decode_tokens": 0}
+        decode_s = 0.0
         t0 = time.perf_counter()
         for batch in length_batches([len(e) for e in encoded], self.batch_size):
             tb = time.perf_counter()
             rows = [encoded[i] for i in batch]
-            made = [self._generate_one(rows[0], eos)] if len(rows) == 1 else self._generate_rows(rows, eos)
+            made, timing = self._generate_one(rows[0], eos) if len(rows) == 1 else self._generate_rows(rows, eos)
+            totals["decode_tokens"] += timing[0]
+            decode_s += timing[1]
             share = 1000.0 * (time.perf_counter() - tb) / len(batch)
             for i, (a, generated) in zip(batch, made):
                 decoded = self._tok.decode(a.kept(), skip_special_tokens=True)
@@ -275,8 +287,10 @@ class OpenVINOGenerator(UsesCache, Generator):
         seconds = time.perf_counter() - t0
         self.last_latencies_ms = latencies
         self.last_stopped = stopped
-        self.stats = {**totals, "seconds": round(seconds, 3),
-                      "tokens_per_s": round(totals["new_tokens"] / seconds, 2) if seconds > 0 else 0.0}
+        # decode_*: OpenVINO's own clock after each first token, which a prefill cannot blur
+        self.stats = {**totals, "seconds": round(seconds, 3), "decode_s": round(decode_s, 3),
+                      "tokens_per_s": round(totals["new_tokens"] / seconds, 2) if seconds > 0 else 0.0,
+                      "decode_tokens_per_s": round(totals["decode_tokens"] / decode_s, 2) if decode_s > 0 else 0.0}
         return answers
 
     @property
@@ -295,7 +309,7 @@ class OpenVINOGenerator(UsesCache, Generator):
             config.do_sample = False
         return config
 
-    def _generate_one(self, row: list[int], eos: set[int]) -> tuple[Answer, int]:
+    def _generate_one(self, row: list[int], eos: set[int]) -> tuple[list[tuple[Answer, int]], tuple[int, float]]:
         """One prompt, stopped by the decoding rules as its tokens arrive (as fp32's loop stops),
         so no token is generated that the answer would not keep."""
         import openvino as ov
@@ -303,11 +317,11 @@ class OpenVINOGenerator(UsesCache, Generator):
 
         streamer = _RuleStreamer(self.rules, eos)
         ids = np.asarray([row], dtype=np.int64)
-        self._pipe.generate(ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))),
-                            self._config(eos), streamer)
-        return streamer.answer, streamer.generated
+        out = self._pipe.generate(ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))),
+                                  self._config(eos), streamer)
+        return [(streamer.answer, streamer.generated)], decode_timing(out)
 
-    def _generate_rows(self, rows: list[list[int]], eos: set[int]) -> list[tuple[Answer, int]]:
+    def _generate_rows(self, rows: list[list[int]], eos: set[int]) -> tuple[list[tuple[Answer, int]], tuple[int, float]]:
         """A left-padded batch; the rules cut each answer after the batch is generated (a batch
         runs until its longest answer ends)."""
         import openvino as ov
@@ -320,7 +334,16 @@ class OpenVINOGenerator(UsesCache, Generator):
             ids[r, width - len(row):] = row
             mask[r, width - len(row):] = 1
         out = self._pipe.generate(ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(mask)), self._config(eos))
-        return [(rules_cut([int(t) for t in tokens], self.rules, eos), len(tokens)) for tokens in out.tokens]
+        made = [(rules_cut([int(t) for t in tokens], self.rules, eos), len(tokens)) for tokens in out.tokens]
+        return made, decode_timing(out)
+
+
+def decode_timing(out: Any) -> tuple[int, float]:
+    """Decoded tokens and seconds of one `generate` call by OpenVINO's own clock: the tokens after
+    each row's first (which comes with the prefill), and the time after the first token."""
+    pm = out.perf_metrics
+    tokens = sum(max(len(t) - 1, 0) for t in out.tokens)
+    return tokens, max(float(pm.get_generate_duration().mean - pm.get_ttft().mean), 0.0) / 1000.0
 
 
 class _RuleStreamer:
