@@ -146,6 +146,14 @@ def gemm_gflops(repeats: int = 5, dtype: str = "float32") -> float:
     return round(2 * 8192 * 384 * 1536 / statistics.median(ts) / 1e9, 1)
 
 
+def gemm_ceilings(bf16: bool) -> dict[str, float]:
+    """The float32 GEMM ceiling, and the bfloat16 one beside it when a bf16 candidate is measured."""
+    out = {"fp32": gemm_gflops()}
+    if bf16:
+        out["bf16"] = gemm_gflops(dtype="bfloat16")
+    return out
+
+
 def harness_vs_bare(embedder: Any, texts: list[str], blocks: int,
                     tmp: Path) -> tuple[list[list[str]], dict[str, float], dict[str, float], list[Any], float]:
     """Both sides on the same texts: (the parts, seconds and CPU seconds per side, the harness's

@@ -42,7 +42,7 @@ from benchmarks.common import (
     scratch_dir,
     start,
 )
-from benchmarks.encoding import encode_flops, gemm_gflops, make_embedder
+from benchmarks.encoding import encode_flops, gemm_ceilings, make_embedder
 from rag.store.cache import ArtifactCache
 from rag.embedder.backend_choice import (
     MIN_COSINE,
@@ -134,9 +134,7 @@ def speed_and_vectors(texts: list[str], cache_dir: Path, blocks: int, repeats: i
     st = embedders["torch"].model
     work = [encode_flops(st, part, embedders["torch"].batch_size, "tokens") for part in parts]
     gflop = sum(w["gflop"] for w in work)
-    ceilings = {"fp32": gemm_gflops()}
-    if "torch_bf16" in names:
-        ceilings["bf16"] = gemm_gflops(dtype="bfloat16")
+    ceilings = gemm_ceilings("torch_bf16" in names)
     n = len(texts)
     out: dict[str, Any] = {"names": names, "n_texts": n, "blocks": len(parts), "repeats": repeats,
                            "load_or_export_s": load_s,

@@ -91,22 +91,16 @@ def measure(name: str, base_llm: dict[str, Any], prompts: dict[str, Any], thread
 def native_ceiling(gen: Any, prompts: dict[str, Any], repeats: int) -> dict[str, Any]:
     """llm=openvino's streamer path against OpenVINO's `generate` with no callback (see the
     module's docstring): decode tokens, seconds and rate, wall time, and identical answers."""
-    import openvino as ov
-    import openvino_genai as ov_genai
-
-    from rag.llm.decoding import finish_text, rules_cut
-    from rag.llm.openvino import decode_timing
+    from rag.llm.decoding import finish_text
 
     texts = gen.prompts(prompts["questions"], prompts["contexts"])
     encoded = [gen._tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     eos = gen._eos()
-    config = gen._config(eos)
 
     def native(prompt: list[int]) -> tuple[Any, int, tuple[int, float]]:
-        ids = np.asarray([prompt], dtype=np.int64)
-        out = gen._pipe.generate(ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config)
-        tokens = [int(t) for t in out.tokens[0]]
-        return rules_cut(tokens, gen.rules, eos), len(tokens), decode_timing(out)
+        # a batch of one: no padding, no streamer, the rules cut the tokens afterwards
+        made, timing = gen._generate_rows([prompt], eos)
+        return made[0][0], made[0][1], timing
 
     def ragrig(prompt: list[int]) -> tuple[Any, int, tuple[int, float]]:
         made, timing = gen._generate_one(prompt, eos)

@@ -7,7 +7,7 @@ a pool of reranker.top_n passages) cut at reranker.max_length tokens. Each pool 
 of its own, as v3 scores a question's candidates, so every backend does the same padded work;
 rates are the best of interleaved rounds (backend_choice.measure). The work in GFLOP is counted as
 for the embedder (benchmarks.encoding.encode_flops), and its rate is set against the GEMM ceiling
-of the candidate's precision (benchmarks.encoding.gemm_gflops), measured in the same run.
+of the candidate's precision (benchmarks.encoding.gemm_ceilings), measured in the same run.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import cold_cache, compose, environment, finish, main_cache, ratio, row, run_mode, scratch_dir, start
-from benchmarks.encoding import encode_flops, gemm_gflops
+from benchmarks.encoding import encode_flops, gemm_ceilings
 from rag.reranker import backend_choice
 
 QUESTIONS = {"tiny": 1, "quick": 16, "full": 32}
@@ -63,9 +63,7 @@ def bench_reranker_backends(quick: bool = True, full: bool = False, tiny: bool =
     work = [encode_flops(model, pool, reranker.batch_size) for pool in pools]
     gflop = sum(w["gflop"] for w in work)
     tokens, padded = sum(w["tokens"] for w in work), sum(w["padded_tokens"] for w in work)
-    ceilings = {"fp32": gemm_gflops()}
-    if any(m.candidate.precision == "bf16" for m in measured):
-        ceilings["bf16"] = gemm_gflops(dtype="bfloat16")
+    ceilings = gemm_ceilings(any(m.candidate.precision == "bf16" for m in measured))
     pairs = sum(map(len, pools))
     reference = next(m for m in measured if m.candidate == REFERENCE)
     backends = {}

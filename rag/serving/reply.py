@@ -77,18 +77,12 @@ def _lone_surrogate(node: Any, path: str) -> tuple[str, str] | None:
         except UnicodeEncodeError as e:
             return path, f"\\u{ord(node[e.start]):04x}"
         return None
-    children: Iterable[tuple[str | int, Any]]
     if isinstance(node, dict):
         for key in node:
             found = _lone_surrogate(key, path)
             if found is not None:
                 return (f"a key of {found[0]}" if found[0] else "a key"), found[1]
-        children = node.items()
-    elif isinstance(node, list):
-        children = enumerate(node)
-    else:
-        return None
-    for key, child in children:
+    for key, child in _children(node):
         found = _lone_surrogate(child, path + _step(key, path))
         if found is not None:
             return found
@@ -98,18 +92,20 @@ def _lone_surrogate(node: Any, path: str) -> tuple[str, str] | None:
 def _where(node: Any, path: str) -> str | None:
     if isinstance(node, _Unusable):
         return path
-    children: Iterable[tuple[str | int, Any]]
-    if isinstance(node, dict):
-        children = node.items()
-    elif isinstance(node, list):
-        children = enumerate(node)
-    else:
-        return None
-    for key, child in children:
+    for key, child in _children(node):
         found = _where(child, path + _step(key, path))
         if found is not None:
             return found
     return None
+
+
+def _children(node: Any) -> Iterable[tuple[str | int, Any]]:
+    """An object's (key, value) pairs or an array's (index, item) pairs; nothing for a scalar."""
+    if isinstance(node, dict):
+        return node.items()
+    if isinstance(node, list):
+        return enumerate(node)
+    return ()
 
 
 def _step(key: str | int, path: str) -> str:
