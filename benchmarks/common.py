@@ -57,7 +57,7 @@ def environment() -> dict[str, Any]:
 
     dists = {"numpy": "numpy", "faiss": "faiss-cpu", "torch": "torch", "bm25s": "bm25s", "rank_bm25": "rank-bm25",
              "sentence_transformers": "sentence-transformers", "transformers": "transformers",
-             "onnxruntime": "onnxruntime"}
+             "onnxruntime": "onnxruntime", "openvino": "openvino"}
     for key, dist in dists.items():  # versions without importing (importing torch takes seconds)
         try:
             env[key] = metadata.version(dist)

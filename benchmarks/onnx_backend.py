@@ -2,7 +2,8 @@
 
 - speed: chunks/s of the embedding stage's own path (`SentenceTransformerEmbedder.encode_blocks`:
   batches by token count) with torch fp32, torch bf16 autocast (where the CPU computes bf16
-  natively), ONNX fp32 and ONNX int8 on the same PubMedQA chunks: each part of the chunks is
+  natively), ONNX fp32 and ONNX int8, and OpenVINO fp32 and bf16 (bf16 where native; where openvino
+  is installed) on the same PubMedQA chunks: each part of the chunks is
   encoded by every backend in turn, the order rotating, `repeats` times, and each backend's time on
   a part is its best; model loading/export timed separately.
 - arithmetic: each backend's GFLOP/s on that work (benchmarks.encoding.encode_flops) against the
@@ -54,6 +55,7 @@ from rag.embedder.backend_choice import (
     explain,
     native_bf16,
 )
+from rag.embedder.openvino_runtime import openvino_available
 from rag.embedder.probe import probe_texts, top_overlap
 
 # name -> (embedder config, overrides, the backend's name in rag.embedder.backend_choice)
@@ -62,16 +64,23 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
     "torch_bf16": ("minilm_torch", {"precision": "bf16"}, "torch bf16"),
     "onnx": ("minilm_onnx", {}, "onnx fp32"),
     "onnx_int8": ("minilm_onnx_int8", {}, "onnx int8"),
+    "openvino": ("minilm_torch", {"backend": "openvino"}, "openvino fp32"),
+    "openvino_bf16": ("minilm_torch", {"backend": "openvino", "precision": "bf16"}, "openvino bf16"),
 }
 # The pipeline's command line per variant (quality runs); "auto" is the default embedder.
 RUNS = {"torch": ["embedder=minilm_torch"], "torch_bf16": ["embedder=minilm_torch", "embedder.precision=bf16"],
-        "onnx": ["embedder=minilm_onnx"], "onnx_int8": ["embedder=minilm_onnx_int8"], "auto": ["embedder=minilm"]}
+        "onnx": ["embedder=minilm_onnx"], "onnx_int8": ["embedder=minilm_onnx_int8"],
+        "openvino": ["embedder=minilm_torch", "embedder.backend=openvino"],
+        "openvino_bf16": ["embedder=minilm_torch", "embedder.backend=openvino", "embedder.precision=bf16"],
+        "auto": ["embedder=minilm"]}
 QUALITY_METRICS = ("recall_at_k", "mrr", "hit_at_k_id", "mrr_id", "precision_at_k")
 
 
 def variants_here() -> list[str]:
-    """bf16 only where the CPU computes it natively (emulated, it is slower than fp32 and no candidate)."""
-    return [n for n in VARIANTS if n != "torch_bf16" or native_bf16(cpu_flags())]
+    """bf16 only where the CPU computes it natively (emulated, it is slower than fp32 and no
+    candidate); OpenVINO where it is installed."""
+    bf16, openvino = native_bf16(cpu_flags()) is not None, openvino_available()
+    return [n for n in VARIANTS if (bf16 or not n.endswith("bf16")) and (openvino or not n.startswith("openvino"))]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -134,7 +143,7 @@ def speed_and_vectors(texts: list[str], cache_dir: Path, blocks: int, repeats: i
     st = embedders["torch"].model
     work = [encode_flops(st, part, embedders["torch"].batch_size, "tokens") for part in parts]
     gflop = sum(w["gflop"] for w in work)
-    ceilings = gemm_ceilings("torch_bf16" in names)
+    ceilings = gemm_ceilings(any(n.endswith("bf16") for n in names))
     n = len(texts)
     out: dict[str, Any] = {"names": names, "n_texts": n, "blocks": len(parts), "repeats": repeats,
                            "load_or_export_s": load_s,
@@ -242,7 +251,8 @@ def quality(out_root: Path, overrides: list[str], names: list[str]) -> dict[str,
 def bench_onnx(quick: bool = True, full: bool = False, n_texts: int | None = None, tiny: bool = False,
                with_quality: bool | None = None, overrides: list[str] | None = None,
                repeats: int | None = None) -> dict[str, Any]:
-    """The embedder's backends (torch fp32 and bf16, ONNX fp32 and int8) and `backend: auto`'s pick:
+    """The embedder's backends (torch fp32 and bf16, ONNX fp32 and int8, OpenVINO fp32 and bf16) and
+    `backend: auto`'s pick:
     chunks/s against torch fp32, GFLOP/s against the GEMM ceilings, agreement of the vectors, and
     retrieval quality of v1 on the default slice with each."""
     clock = start()

@@ -1,6 +1,7 @@
 """The cross-encoder's backends against the machine: v3's reranker (reranker=cross_encoder, the
 shipped model) with each candidate of `reranker.backend=auto` (torch fp32, torch bf16 autocast
-where the CPU computes bf16 natively, ONNX Runtime fp32), and what `auto` picks here.
+where the CPU computes bf16 natively, ONNX Runtime fp32, OpenVINO fp32 and bf16 where installed),
+and what `auto` picks here.
 
 Pairs: the backend probe's (rag.reranker.backend_choice.probe_pairs: PubMedQA questions, each with
 a pool of reranker.top_n passages) cut at reranker.max_length tokens. Each pool is scored in a call
@@ -34,7 +35,7 @@ def per_question(score: backend_choice.Score, pool: int) -> backend_choice.Score
 
 def bench_reranker_backends(quick: bool = True, full: bool = False, tiny: bool = False, questions: int | None = None,
                             rounds: int | None = None) -> dict[str, Any]:
-    """The cross-encoder's backends (torch fp32, torch bf16 where native, ONNX fp32) on v3's pools:
+    """The cross-encoder's backends (torch fp32 and bf16, ONNX fp32, OpenVINO fp32 and bf16) on v3's pools:
     pairs/s, GFLOP/s against the fp32 and bf16 GEMM ceilings, top-5 overlap with fp32, and what
     `reranker.backend=auto` picks."""
     from rag.store.cache import ArtifactCache

@@ -237,7 +237,8 @@ def test_onnx_reports_the_default_embedders_pick_against_torch_fp32_and_the_gemm
     picked = next(n for n in speed["names"] if speed[n]["backend"] == pick["this_run_picks"])
     assert res["embed_speedup"] == speed[picked]["speedup_vs_torch"]
     assert 1 - res["embed_cosine_min_vs_torch"] <= 1e-4, "within backend auto's tolerance of fp32"
-    assert pick["backend"] in {"torch fp32", "torch bf16", "onnx fp32"} and pick["line"].startswith(pick["backend"])
+    assert pick["backend"] in {"torch fp32", "torch bf16", "onnx fp32", "openvino fp32", "openvino bf16"}
+    assert pick["line"].startswith(pick["backend"])
     assert pick["int8_eligible"] is False, "int8 stays a pinned choice"
     assert speed["gemm_gflops"]["fp32"] > 0 and all(speed[n]["vs_gemm_ceiling"] > 0 for n in speed["names"])
     assert ("torch_bf16" in speed["names"]) == ("bf16" in speed["gemm_gflops"])

@@ -379,6 +379,7 @@ def test_v3_reranks_with_the_trained_cross_encoder_and_v4_inherits_it():
 def test_the_onnx_backend_scores_as_torch_does(tmp_path: Path):
     """reranker.backend=onnx: the shipped model exported into the cache, its logits within 1e-4 of
     torch's on real passages of several lengths, so the same order."""
+    from rag.embedder.openvino_runtime import openvino_available
     from rag.reranker.cross_encoder import load_cross_encoder
     from rag.reranker.logits import predict_logits
     from rag.reranker.training.shipped import restore, shipped_manifest
@@ -391,16 +392,21 @@ def test_the_onnx_backend_scores_as_torch_does(tmp_path: Path):
              "file description as the descriptor oldfd. " * 6, "torch.cat concatenates tensors along a dimension.",
              "Asthma patients used budesonide-formoterol as needed. " * 12]
     queries = ["How do I duplicate a file descriptor?", "What does torch.cat do?"]
-    r = CrossEncoderReranker(model=str(model_dir), max_length=160, backend="onnx", label_passages=False)
-    r.use_cache(ArtifactCache(tmp_path / "cache"))
     torch_model = load_cross_encoder(str(model_dir), 160, "cpu")
-    for q in queries:
-        pairs = [(q, t) for t in texts]
-        got, want = r.score(pairs), predict_logits(torch_model, pairs, 32)
-        assert np.abs(got - want).max() < 1e-4
-        assert np.array_equal(np.argsort(-got), np.argsort(-want))
-    assert list((tmp_path / "cache" / "onnx_cross_encoder").iterdir()), "exported into the artifact cache"
+    graph_backends = ["onnx"] + (["openvino"] if openvino_available() else [])  # openvino: fp32 on the same export
+    for backend in graph_backends:
+        r = CrossEncoderReranker(model=str(model_dir), max_length=160, backend=backend, precision="fp32",
+                                 label_passages=False)
+        r.use_cache(ArtifactCache(tmp_path / "cache"))
+        for q in queries:
+            pairs = [(q, t) for t in texts]
+            got, want = r.score(pairs), predict_logits(torch_model, pairs, 32)
+            assert np.abs(got - want).max() < 1e-4, backend
+            assert np.array_equal(np.argsort(-got), np.argsort(-want)), backend
+        assert r.backend_note["backend"] == backend
+    exports = [d for d in (tmp_path / "cache" / "onnx_cross_encoder").iterdir() if not d.name.startswith(".")]
+    assert len(exports) == 1, "one export, in the artifact cache"
     with pytest.raises(RagError, match="reranker.backend=onnx runs in fp32"):
         CrossEncoderReranker(model=str(model_dir), backend="onnx", precision="bf16")
-    with pytest.raises(RagError, match=r"reranker.backend must be one of auto, torch, onnx, got 'tensorrt'"):
+    with pytest.raises(RagError, match=r"reranker.backend must be one of auto, torch, onnx, openvino, got 'tensorrt'"):
         CrossEncoderReranker(model=str(model_dir), backend="tensorrt")

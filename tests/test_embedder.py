@@ -271,6 +271,8 @@ def test_every_embedder_states_what_it_can_do_as_attributes():
 from rag.embedder.backend_choice import (  # noqa: E402  (the section's own imports)
     ONNX_FP32,
     ONNX_INT8,
+    OPENVINO_BF16,
+    OPENVINO_FP32,
     REFERENCE,
     TORCH_BF16,
     Measured,
@@ -327,6 +329,11 @@ def test_bf16_is_a_candidate_only_where_the_cpu_computes_it_natively(tmp_path):
     assert native_bf16(frozenset({"amx_bf16", "avx512_bf16"})) == "amx_bf16"
     assert machine_candidates(cpu_flags(zen4), onnx=True) == [REFERENCE, TORCH_BF16, ONNX_FP32]
     assert machine_candidates(cpu_flags(old), onnx=False) == [REFERENCE]
+    # OpenVINO runs the ONNX export: fp32 wherever both are installed, bf16 only where native
+    assert machine_candidates(cpu_flags(zen4), onnx=True, openvino=True) == \
+        [REFERENCE, TORCH_BF16, ONNX_FP32, OPENVINO_FP32, OPENVINO_BF16]
+    assert machine_candidates(cpu_flags(old), onnx=True, openvino=True) == [REFERENCE, ONNX_FP32, OPENVINO_FP32]
+    assert machine_candidates(cpu_flags(zen4), onnx=False, openvino=True) == [REFERENCE, TORCH_BF16]
     assert cpu_flags(tmp_path / "absent") == frozenset()
 
 
@@ -334,7 +341,9 @@ def test_a_pinned_backend_is_chosen_without_measuring_or_loading(tmp_path):
     from rag.store.cache import ArtifactCache
 
     for kw, pinned in (({}, REFERENCE), ({"precision": "bf16"}, TORCH_BF16), ({"backend": "onnx"}, ONNX_FP32),
-                       ({"backend": "onnx", "quantize": "int8"}, ONNX_INT8)):
+                       ({"backend": "onnx", "quantize": "int8"}, ONNX_INT8),
+                       ({"backend": "openvino"}, OPENVINO_FP32),
+                       ({"backend": "openvino", "precision": "bf16"}, OPENVINO_BF16)):
         e = SentenceTransformerEmbedder(MINILM, **kw)
         e.use_cache(ArtifactCache(tmp_path))
         assert e.candidate == pinned and e.choice.line.startswith(f"{pinned.name} (pinned: ")

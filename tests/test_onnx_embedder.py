@@ -138,7 +138,7 @@ def test_backend_auto_measures_once_per_machine_and_says_what_it_chose(cache_dir
     """The probe (made small here: its rule is tested in test_embedder.py) runs on first use, is
     kept in the model cache, and a second embedder of the same model reads it without measuring."""
     from rag.embedder import probe
-    from rag.embedder.backend_choice import ONNX_FP32, REFERENCE
+    from rag.embedder.backend_choice import ONNX_FP32, OPENVINO_FP32, REFERENCE
 
     monkeypatch.setattr(probe, "PASSAGES", 12)
     monkeypatch.setattr(probe, "QUESTIONS", 4)
@@ -146,10 +146,10 @@ def test_backend_auto_measures_once_per_machine_and_says_what_it_chose(cache_dir
     first = SentenceTransformerEmbedder(MODEL, backend="auto", precision="fp32", show_progress=False)
     first.use_cache(ArtifactCache(cache_dir))
     note = first.backend_note
-    assert first.candidate in (REFERENCE, ONNX_FP32), "fp32's own vectors only"
+    assert first.candidate in (REFERENCE, ONNX_FP32, OPENVINO_FP32), "fp32's own vectors only"
     assert first.id == first.id_for(first.candidate) and first.reference_id == first.id_for(REFERENCE)
     measured = note["probe"]["candidates"]
-    assert {"torch fp32", "onnx fp32"} <= set(measured) and "torch bf16" not in measured
+    assert {"torch fp32", "onnx fp32"} <= set(measured) and not {"torch bf16", "openvino bf16"} & set(measured)
     assert measured["onnx fp32"]["min_cosine"] >= 1 - 1e-6 and measured["torch fp32"]["overlap"] == 1.0
     assert note["line"].startswith(first.candidate.name) and f"probe {note['probe']['date']}" in note["line"]
     assert len(list((Path(cache_dir) / "embedder_probe").glob("*/probe.json"))) == 1

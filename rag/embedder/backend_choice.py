@@ -2,8 +2,9 @@
 
 The candidates are the ways this process can compute the model's vectors: torch fp32 (the
 reference), torch bf16 autocast where the CPU computes bf16 natively (AVX512-BF16, AMX-BF16: an
-emulated bf16 is slower than fp32, so it is never a candidate there), and ONNX Runtime fp32 where
-onnxruntime is installed. ONNX int8 is not one: its vectors are ~0.985 cosine from fp32's on
+emulated bf16 is slower than fp32, so it is never a candidate there), ONNX Runtime fp32 where
+onnxruntime is installed, and OpenVINO fp32 (and bf16, where native) on the same export where
+openvino is installed. ONNX int8 is not one: its vectors are ~0.985 cosine from fp32's on
 ordinary chunks, far outside the tolerance below, so it stays a pinned choice
 (embedder=minilm_onnx_int8).
 
@@ -37,12 +38,12 @@ MARGIN = 0.05
 # CPU flags under which bf16 matrix multiplication runs in hardware (oneDNN uses them); arm64's
 # flag is `bf16`.
 BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
-LIBRARIES = ("torch", "onnxruntime", "sentence-transformers", "transformers")
+LIBRARIES = ("torch", "onnxruntime", "openvino", "sentence-transformers", "transformers")
 
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    backend: str  # torch | onnx
+    backend: str  # torch | onnx | openvino
     precision: str  # fp32 | bf16 | int8 (onnx int8: pinned only)
 
     @property
@@ -54,6 +55,8 @@ REFERENCE = Candidate("torch", "fp32")
 TORCH_BF16 = Candidate("torch", "bf16")
 ONNX_FP32 = Candidate("onnx", "fp32")
 ONNX_INT8 = Candidate("onnx", "int8")
+OPENVINO_FP32 = Candidate("openvino", "fp32")
+OPENVINO_BF16 = Candidate("openvino", "bf16")
 
 
 def candidate_named(name: str) -> Candidate:
@@ -182,13 +185,19 @@ def onnx_available() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 
 
-def machine_candidates(flags: frozenset[str], onnx: bool) -> list[Candidate]:
-    """What can compute the vectors here, torch fp32 first."""
+def machine_candidates(flags: frozenset[str], onnx: bool, openvino: bool = False) -> list[Candidate]:
+    """What can compute the vectors here, torch fp32 first. OpenVINO runs the ONNX export, so it
+    needs onnx (the exporter) as well."""
+    bf16 = native_bf16(flags) is not None
     out = [REFERENCE]
-    if native_bf16(flags):
+    if bf16:
         out.append(TORCH_BF16)
     if onnx:
         out.append(ONNX_FP32)
+    if onnx and openvino:
+        out.append(OPENVINO_FP32)
+        if bf16:
+            out.append(OPENVINO_BF16)
     return out
 
 

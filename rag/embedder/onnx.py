@@ -174,7 +174,6 @@ class OnnxSentenceEncoder:
     longest first by token count, each batch padded to its longest member."""
 
     def __init__(self, model_dir: str | os.PathLike[str], device: str = "cpu"):
-        import onnxruntime as ort
         from transformers import AutoTokenizer
 
         model_dir = Path(model_dir)
@@ -188,13 +187,18 @@ class OnnxSentenceEncoder:
         self.quantize = meta.get("quantize")
         self.check_min_cosine = float(meta.get("check_min_cosine", 0.0)) if self.quantize is None else 0.0
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        opts = session_options()
+        self.session = self._open_session(model_dir, device)
+
+    def _open_session(self, model_dir: Path, device: str) -> Any:
+        """What runs the graph: an ONNX Runtime session (OpenVINOSentenceEncoder: OpenVINO)."""
+        import onnxruntime as ort
+
         providers = ["CPUExecutionProvider"]
         if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
         elif device != "cpu":
             log.warning("embedder: backend=onnx runs on the CPU here (device %r is not available to onnxruntime)", device)
-        self.session = ort.InferenceSession(str(model_dir / ONNX_FILE), opts, providers=providers)
+        return ort.InferenceSession(str(model_dir / ONNX_FILE), session_options(), providers=providers)
 
     def get_embedding_dimension(self) -> int:
         return self.dim

@@ -6,7 +6,8 @@ all three); the last one is how the default runs on machines without a model hub
 
 `backend: onnx` runs the same model with ONNX Runtime instead of torch (`quantize: int8` adds
 dynamic int8 quantization of its matrix multiplications), exported once into the artifact cache
-that `use_cache` gives (rag/embedder/onnx.py); `precision: bf16` runs torch under bf16 autocast.
+that `use_cache` gives (rag/embedder/onnx.py); `backend: openvino` runs that export on OpenVINO,
+in fp32 or bf16 (rag/embedder/openvino.py); `precision: bf16` on torch runs under bf16 autocast.
 `backend: auto` (with `precision: auto`, or `fp32` for fp32's own vectors) is chosen on first use
 by measuring the candidates on this machine (rag/embedder/backend_choice.py, probe.py), once per
 machine, model and library versions: the probe is kept in the model cache (kind `embedder_probe`).
@@ -33,6 +34,7 @@ from rag.embedder import probe
 from rag.embedder.backend_choice import (
     ONNX_FP32,
     ONNX_INT8,
+    OPENVINO_FP32,
     REFERENCE,
     TORCH_BF16,
     Candidate,
@@ -48,13 +50,15 @@ from rag.embedder.backend_choice import (
 )
 from rag.embedder.base import Embedder, RowSink
 from rag.embedder.onnx import SAME_VECTORS_COSINE, embedding_dim, export_onnx_model, load_onnx_encoder
+from rag.embedder.openvino import load_openvino_encoder
+from rag.embedder.openvino_runtime import openvino_available
 from rag.store.models import UsesCache, model_fingerprint, resolve_model
 from rag.config.schema import Device, PositiveInt, Text, checked
 from rag.types import RagError
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("torch", "onnx", "auto")
+BACKENDS = ("torch", "onnx", "openvino", "auto")
 PRECISIONS = ("fp32", "bf16", "auto")
 QUANTIZATIONS = (None, "int8")
 PROBE_KIND = "embedder_probe"  # one probe's measurements, in the model cache (rag/embedder/probe.py)
@@ -111,12 +115,19 @@ class Engine:
         raise NotImplementedError
 
 
+def _here(flags: frozenset[str]) -> list[Candidate]:
+    """The candidates of this machine with the libraries this process can import."""
+    return machine_candidates(flags, onnx_available(), openvino_available())
+
+
 def pinned_candidate(backend: str, precision: str, quantize: str | None) -> Candidate | None:
     """The one backend these settings allow, or None when several are measured (`auto`)."""
     if quantize == "int8":
         return ONNX_INT8
     if backend == "onnx":
         return ONNX_FP32
+    if backend == "openvino":
+        return Candidate("openvino", precision) if precision != "auto" else None
     if precision == "bf16":
         return TORCH_BF16
     if backend == "torch" and precision == "fp32":
@@ -164,6 +175,8 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
             raise RagError(f"embedder.precision must be one of {PRECISIONS}, got {precision!r}")
         if quantize not in QUANTIZATIONS:
             raise RagError(f"embedder.quantize must be null or 'int8', got {quantize!r}")
+        if backend == "openvino" and not openvino_available():
+            raise RagError("embedder.backend=openvino needs the openvino package: pip install openvino")
         if quantize is not None and backend != "onnx":
             raise RagError(f"embedder.quantize={quantize} needs embedder.backend=onnx (got backend={backend})")
         if quantize is not None and precision != "fp32":
@@ -199,7 +212,7 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
 
     def allowed(self, flags: frozenset[str]) -> list[Candidate]:
         """The candidates of this machine that the settings allow, torch fp32 first."""
-        return [c for c in machine_candidates(flags, onnx_available())
+        return [c for c in _here(flags)
                 if self.backend in ("auto", c.backend) and self.precision in ("auto", c.precision)]
 
     def _choose(self) -> Choice:
@@ -239,7 +252,7 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         path = resolve_model(self.model_name, "embedder").path
         return {"probe": PROBE_VERSION, "model": self.model_name, "files": model_fingerprint(path),
                 "normalize": self.normalize, "max_seq_length": self.max_seq_length, "batch_size": self.batch_size,
-                "candidates": [c.name for c in machine_candidates(flags, onnx_available())],
+                "candidates": [c.name for c in _here(flags)],
                 "texts": {"passages": len(texts[0]), "questions": len(texts[1])},
                 "machine": machine_facts(flags, torch.get_num_threads())}
 
@@ -249,7 +262,7 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         params = self._probe_params(flags, texts)
         return probe.recorded_probe(
             self.cache, PROBE_KIND, params,
-            lambda: self.measure_backends(machine_candidates(flags, onnx_available()), *texts),
+            lambda: self.measure_backends(_here(flags), *texts),
             {"texts": params["texts"]})
 
     def recorded_choice(self) -> Choice | None:
@@ -367,7 +380,7 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         base = self.id_for(REFERENCE)
         if self.candidate == REFERENCE:
             return base
-        if self.candidate == ONNX_FP32 and self.model.check_min_cosine >= 1.0 - SAME_VECTORS_COSINE:
+        if self.candidate in (ONNX_FP32, OPENVINO_FP32) and self.model.check_min_cosine >= 1.0 - SAME_VECTORS_COSINE:
             return base
         return self.id
 
@@ -379,6 +392,9 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
             quantize = "int8" if candidate == ONNX_INT8 else None
             model_dir = export_onnx_model(self.model_name, path, quantize, self.cache)
             m = load_onnx_encoder(str(model_dir), self.device)
+        elif candidate.backend == "openvino":
+            model_dir = export_onnx_model(self.model_name, path, None, self.cache)
+            m = load_openvino_encoder(str(model_dir), candidate.precision)
         else:
             m = load_sentence_transformer(path, self.device)
         if self.max_seq_length:

@@ -41,6 +41,7 @@ import numpy as np
 
 from rag.store.cache import ArtifactCache, file_sha256, make_key
 from rag.config.compose import PROJECT_ROOT
+from rag.embedder.openvino_runtime import import_openvino
 from rag.llm.base import Generator
 from rag.llm.decoding import Answer, DecodingRules, finish_text, rules_cut
 from rag.llm.hf import DEFAULT_SYSTEM_PROMPT, length_batches, render_chat
@@ -217,8 +218,9 @@ class OpenVINOGenerator(UsesCache, Generator):
         if self._pipe is not None:
             return
         try:
+            import_openvino()  # first, so that openvino's telemetry stays off
             import openvino_genai as ov_genai
-        except ImportError:
+        except (ImportError, RagError):
             raise RagError(NO_RUNTIME) from None
         from transformers import AutoTokenizer
 

@@ -13,7 +13,7 @@ chunk's document label before its text, as the trained model saw its passages (n
 was trained, read from its reranker.json; other models: no labels).
 
 `backend` and `precision` (`auto`, the default, for both) say what computes the logits: torch fp32,
-torch bf16 autocast or ONNX Runtime fp32. Under `auto` the fastest candidate whose order agrees with
+torch bf16 autocast, ONNX Runtime fp32, or OpenVINO fp32 or bf16 on the same export. Under `auto` the fastest candidate whose order agrees with
 fp32's is measured once per machine, model and library versions (rag/reranker/backend_choice.py),
 unless the scores of the first question's candidates are already recorded under fp32 (the demo's
 seed, an earlier run): then fp32, so that nothing recorded is scored again.
@@ -38,6 +38,7 @@ from rag.embedder.backend_choice import (
     machine_facts,
     onnx_available,
 )
+from rag.embedder.openvino_runtime import openvino_available
 from rag.store.models import model_fingerprint, resolve_model
 from rag.reranker import backend_choice
 from rag.reranker.logits import predict_logits
@@ -48,7 +49,8 @@ from rag.types import Chunk, Hits, QAItem, RagError
 log = logging.getLogger(__name__)
 
 TRAINED = "trained:"
-BACKENDS = ("auto", "torch", "onnx")  # onnx: the forward pass on ONNX Runtime (rag/reranker/onnx.py), fp32
+# onnx: the forward pass on ONNX Runtime (rag/reranker/onnx.py), fp32; openvino: the same export on OpenVINO
+BACKENDS = ("auto", "torch", "onnx", "openvino")
 PRECISIONS = ("auto", "fp32", "bf16")
 PROBE_KIND = "reranker_probe"  # one probe's measurements, in the artifact cache
 PROBE_VERSION = 1  # bump when the probe measures differently
@@ -63,6 +65,14 @@ def load_cross_encoder(path: str, max_length: int, device: str) -> Any:
         return CrossEncoder(path, max_length=max_length, device=device)
     except OSError as e:
         raise RagError(f"reranker model {path!r} could not be loaded: {str(e).splitlines()[0]}") from None
+
+
+GRAPH_BACKENDS = ("onnx", "openvino")  # the backends that run the exported graph
+
+
+def _here(flags: frozenset[str]) -> list[Candidate]:
+    """The candidates of this machine with the libraries this process can import."""
+    return machine_candidates(flags, onnx_available(), openvino_available())
 
 
 class CrossEncoderReranker(PointwiseReranker):
@@ -86,7 +96,7 @@ class CrossEncoderReranker(PointwiseReranker):
         if backend == "onnx" and precision == "bf16":
             raise RagError("reranker.backend=onnx runs in fp32: set reranker.precision=fp32 (or backend=torch for bf16)")
         self.backend = backend
-        self._onnx: Any = None  # the ONNX Runtime scorer (backend=onnx), made when the model loads
+        self._onnx: Any = None  # the exported graph's scorer (backend=onnx or openvino), made when the model loads
         self.precision = precision
         self.label_passages = label_passages
         self.model_name = model.strip()
@@ -141,7 +151,7 @@ class CrossEncoderReranker(PointwiseReranker):
 
     def allowed(self, flags: frozenset[str]) -> list[Candidate]:
         """The candidates of this machine that the settings allow, torch fp32 first."""
-        return [c for c in machine_candidates(flags, onnx_available())
+        return [c for c in _here(flags)
                 if self.backend in ("auto", c.backend) and self.precision in ("auto", c.precision)]
 
     @property
@@ -159,31 +169,35 @@ class CrossEncoderReranker(PointwiseReranker):
             if self._choice is None:
                 self._choice = self._choose(model, path)
             chosen = self._choice.candidate
-            if chosen.backend == "onnx":
-                self._onnx = self._onnx_scorer(model, path)
+            if chosen.backend in GRAPH_BACKENDS:
+                self._onnx = self._onnx_scorer(model, path, chosen)
             self._model = model
-            self._bf16 = use_bf16(chosen.precision, self.device)
-            self._identity = self.identity_for(Candidate(chosen.backend, "bf16" if self._bf16 else "fp32"))
+            # torch autocast only where the CPU computes bf16 (use_bf16); OpenVINO runs what was asked
+            self._bf16 = chosen.backend == "torch" and use_bf16(chosen.precision, self.device)
+            precision = chosen.precision if chosen.backend == "openvino" else "bf16" if self._bf16 else "fp32"
+            self._identity = self.identity_for(Candidate(chosen.backend, precision))
         return self._model
 
-    def _onnx_scorer(self, model: Any, path: str) -> Any:
+    def _onnx_scorer(self, model: Any, path: str, candidate: Candidate) -> Any:
         from rag.reranker.onnx import export_cross_encoder, load_scorer
 
-        return load_scorer(str(export_cross_encoder(model, path, self.max_length, self.cache)))
+        openvino = candidate.precision if candidate.backend == "openvino" else None
+        return load_scorer(str(export_cross_encoder(model, path, self.max_length, self.cache)), openvino)
 
     # ---- the backend (`auto`) ------------------------------------------------------------------
 
     def _choose(self, model: Any, path: str) -> Choice:
         allowed = self.allowed(cpu_flags())
         if self.device != "cpu":
-            pinned = Candidate("onnx" if self.backend == "onnx" else "torch", "bf16" if self.precision == "bf16" else "fp32")
+            pinned = Candidate(self.backend if self.backend != "auto" else "torch",
+                               "bf16" if self.precision == "bf16" else "fp32")
             return Choice(pinned, f" (device {self.device}: backend=auto measures CPU backends only)")
         if self.backend != "auto" and self.precision != "auto":
             return Choice(Candidate(self.backend, self.precision),
                           f" (pinned: backend={self.backend}, precision={self.precision})")
         if not allowed:
             raise RagError(f"reranker: backend={self.backend} precision={self.precision} cannot run on this machine "
-                           "(bf16 needs a CPU with native bf16, onnx needs onnxruntime)")
+                           "(bf16 needs a CPU with native bf16, onnx needs onnxruntime, openvino needs openvino)")
         if len(allowed) == 1:
             return Choice(allowed[0], ": the only candidate the settings allow here")
         try:
@@ -206,7 +220,7 @@ class CrossEncoderReranker(PointwiseReranker):
         import torch
 
         flags = cpu_flags()
-        candidates = machine_candidates(flags, onnx_available())
+        candidates = _here(flags)
         params = {"probe": PROBE_VERSION, **self.identity_for(REFERENCE), "batch_size": self.batch_size,
                   "candidates": [c.name for c in candidates], "pairs": sum(map(len, pools)),
                   "machine": machine_facts(flags, torch.get_num_threads())}
@@ -229,9 +243,9 @@ class CrossEncoderReranker(PointwiseReranker):
         that candidate; an ONNX export that fails is no candidate (a warning says why)."""
         out: dict[Candidate, backend_choice.Score] = {}
         for c in candidates:
-            if c.backend == "onnx":
+            if c.backend in GRAPH_BACKENDS:
                 try:
-                    scorer = self._onnx_scorer(model, path)
+                    scorer = self._onnx_scorer(model, path, c)
                 except RagError as e:
                     log.warning("reranker: %s is no candidate here: %s", c.name, e)
                     continue

@@ -1,4 +1,5 @@
-"""The cross-encoder's forward pass on ONNX Runtime (`reranker.backend: onnx`).
+"""The cross-encoder's forward pass on ONNX Runtime (`reranker.backend: onnx`) or on OpenVINO
+(`reranker.backend: openvino`, fp32 or bf16: the same export, rag/embedder/openvino_runtime.py).
 
 The model's module chain (transformer and scoring head: token ids in, one logit per pair out) is
 exported once with torch.onnx into the artifact cache (kind `onnx_cross_encoder`, keyed by the
@@ -19,6 +20,7 @@ import numpy as np
 from rag.store.cache import ArtifactCache, make_key
 from rag.store.models import model_fingerprint
 from rag.embedder.onnx_runtime import export_module, session_options
+from rag.embedder.openvino_runtime import OpenVINOSession
 from rag.types import RagError
 
 KIND = "onnx_cross_encoder"
@@ -77,17 +79,22 @@ def _export(model: Any, tmp: Path) -> dict[str, Any]:
 
 
 class OnnxScorer:
-    """One ONNX Runtime session on an exported cross-encoder."""
+    """One session on an exported cross-encoder: ONNX Runtime's, or with `openvino` (a precision,
+    fp32 or bf16) OpenVINO's."""
 
-    def __init__(self, model_dir: str | os.PathLike[str]) -> None:
-        import onnxruntime as ort
-
+    def __init__(self, model_dir: str | os.PathLike[str], openvino: str | None = None) -> None:
         model_dir = Path(model_dir)
         meta = json.loads((model_dir / META).read_text())
         self.input_names: list[str] = list(meta["inputs"])
         self.output_name: str = meta["output"]
-        self.session = ort.InferenceSession(str(model_dir / ONNX_FILE), session_options(),
-                                            providers=["CPUExecutionProvider"])
+        self.session: Any
+        if openvino is not None:
+            self.session = OpenVINOSession(model_dir / ONNX_FILE, openvino, self.output_name)
+        else:
+            import onnxruntime as ort
+
+            self.session = ort.InferenceSession(str(model_dir / ONNX_FILE), session_options(),
+                                                providers=["CPUExecutionProvider"])
 
     def logits(self, model: Any, pairs: list[tuple[str, str]]) -> np.ndarray:
         """The relevance logit of each pair, as one batch (tokenized by `model`, the CrossEncoder)."""
@@ -99,6 +106,6 @@ class OnnxScorer:
         return (scores[:, -1] if scores.ndim > 1 else scores).reshape(-1)
 
 
-@functools.lru_cache(maxsize=4)
-def load_scorer(model_dir: str) -> OnnxScorer:
-    return OnnxScorer(model_dir)
+@functools.lru_cache(maxsize=8)
+def load_scorer(model_dir: str, openvino: str | None = None) -> OnnxScorer:
+    return OnnxScorer(model_dir, openvino)
