@@ -419,6 +419,8 @@ def test_bad_precision_settings_fail_clearly():
         SentenceTransformerEmbedder(MINILM, backend="onnx", precision="bf16")
     with pytest.raises(RagError, match="quantizes the fp32 export"):
         SentenceTransformerEmbedder(MINILM, backend="onnx", quantize="int8", precision="auto")
+    with pytest.raises(RagError, match="embedder.backend=openvino runs one precision"):
+        SentenceTransformerEmbedder(MINILM, backend="openvino", precision="auto")
 
 
 def test_without_native_bf16_or_onnxruntime_auto_is_torch_fp32_and_measures_nothing(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from rag.reranker import backend_choice
 from rag.reranker.backend_choice import MIN_OVERLAP, Measured, choose, explain, measure, probe_pairs
 from rag.embedder.probe import PROBE_FILE
 from rag.reranker.cross_encoder import PROBE_KIND, CrossEncoderReranker
-from rag.types import Chunk, Hits
+from rag.types import Chunk, Hits, RagError
 
 
 def test_fp32_stays_unless_an_order_keeping_candidate_is_clearly_faster():
@@ -122,3 +122,23 @@ def test_auto_takes_fp32_without_measuring_when_its_scores_are_recorded(shipped_
     assert auto.backend_note["line"] == "torch fp32: its scores of these candidates were already recorded (nothing measured)"
     assert np.array_equal(got.ids, want.ids)
     assert auto._identity == pinned._identity, "the same recorded scores"
+
+
+def test_settings_that_leave_out_fp32_run_their_first_candidate_without_a_probe(shipped_model, tmp_path, monkeypatch):
+    """precision=bf16 under backend=auto: the probe has no torch fp32 to hold a candidate against, so
+    the first bf16 candidate (torch autocast, where the CPU computes bf16) runs, as a pin would."""
+    from rag.embedder.backend_choice import cpu_flags, native_bf16
+
+    if native_bf16(cpu_flags()) is None:
+        pytest.skip("this CPU computes no bf16 natively")
+    monkeypatch.setattr(backend_choice, "measure", lambda *a, **k: pytest.fail("measured without fp32"))
+    r = CrossEncoderReranker(model=str(shipped_model), max_length=160, label_passages=False, backend="auto",
+                             precision="bf16")
+    r.use_cache(ArtifactCache(tmp_path / "cache"))
+    r.rerank(["How do I duplicate a file descriptor?"], Hits.from_rows([[(i, 1.0) for i in range(4)]], 4), _chunks(4), k=2)
+    assert r.backend_note["line"].startswith(f"{TORCH_BF16.name} (precision=bf16: the first candidate")
+
+
+def test_openvino_takes_a_precision_of_its_own(shipped_model):
+    with pytest.raises(RagError, match="reranker.backend=openvino runs one precision"):
+        CrossEncoderReranker(model=str(shipped_model), backend="openvino", precision="auto")

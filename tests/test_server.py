@@ -221,9 +221,12 @@ def test_served_embeddings_are_the_in_process_vectors(infinity):
 def test_a_served_v3_ranks_as_the_in_process_v3(infinity, data, root):
     """embedder=openai and reranker=http against the same models in process: the same top k for
     every question (both sides fuse the cross-encoder's order by RRF, which reads only ranks, so
-    Infinity's sigmoid of the logits changes nothing), with the servers' tokens counted."""
+    Infinity's sigmoid of the logits changes nothing), with the servers' tokens counted. Infinity
+    computes in torch fp32, so the process does too (its `auto` may take a bf16 backend, whose
+    near-ties can order two chunks otherwise)."""
     base = overrides(data, root / "cache-v3-local", "reranker=cross_encoder", "llm=none", "reranker.fuse.method=rrf",
-                     "reranker.fuse.weight=0.7")
+                     "reranker.fuse.weight=0.7", "embedder.backend=torch", "embedder.precision=fp32",
+                     "reranker.backend=torch", "reranker.precision=fp32")
     local = run_overrides(base, root / "v3-local")
     served_ov = overrides(
         data, root / "cache-v3-served", "llm=none", "embedder=openai", f"embedder.base_url={infinity.base_url}",

@@ -127,7 +127,7 @@ def pinned_candidate(backend: str, precision: str, quantize: str | None) -> Cand
     if backend == "onnx":
         return ONNX_FP32
     if backend == "openvino":
-        return Candidate("openvino", precision) if precision != "auto" else None
+        return Candidate("openvino", precision)
     if precision == "bf16":
         return TORCH_BF16
     if backend == "torch" and precision == "fp32":
@@ -177,6 +177,9 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
             raise RagError(f"embedder.quantize must be null or 'int8', got {quantize!r}")
         if backend == "openvino" and not openvino_available():
             raise RagError("embedder.backend=openvino needs the openvino package: pip install openvino")
+        if backend == "openvino" and precision == "auto":
+            raise RagError("embedder.backend=openvino runs one precision: set embedder.precision=fp32 or bf16 "
+                           "(backend=auto measures them against torch fp32)")
         if quantize is not None and backend != "onnx":
             raise RagError(f"embedder.quantize={quantize} needs embedder.backend=onnx (got backend={backend})")
         if quantize is not None and precision != "fp32":

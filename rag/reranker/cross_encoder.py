@@ -13,8 +13,8 @@ chunk's document label before its text, as the trained model saw its passages (n
 was trained, read from its reranker.json; other models: no labels).
 
 `backend` and `precision` (`auto`, the default, for both) say what computes the logits: torch fp32,
-torch bf16 autocast, ONNX Runtime fp32, or OpenVINO fp32 or bf16 on the same export. Under `auto` the fastest candidate whose order agrees with
-fp32's is measured once per machine, model and library versions (rag/reranker/backend_choice.py),
+torch bf16 autocast, ONNX Runtime fp32, or OpenVINO fp32 or bf16 on the same export. Under `auto`
+the fastest candidate whose order agrees with fp32's is measured once per machine, model and library versions (rag/reranker/backend_choice.py),
 unless the scores of the first question's candidates are already recorded under fp32 (the demo's
 seed, an earlier run): then fp32, so that nothing recorded is scored again.
 """
@@ -95,6 +95,9 @@ class CrossEncoderReranker(PointwiseReranker):
         self.set_fuse(fuse)
         if backend == "onnx" and precision == "bf16":
             raise RagError("reranker.backend=onnx runs in fp32: set reranker.precision=fp32 (or backend=torch for bf16)")
+        if backend == "openvino" and precision == "auto":
+            raise RagError("reranker.backend=openvino runs one precision: set reranker.precision=fp32 or bf16 "
+                           "(backend=auto measures them against torch fp32)")
         self.backend = backend
         self._onnx: Any = None  # the exported graph's scorer (backend=onnx or openvino), made when the model loads
         self.precision = precision
@@ -200,6 +203,9 @@ class CrossEncoderReranker(PointwiseReranker):
                            "(bf16 needs a CPU with native bf16, onnx needs onnxruntime, openvino needs openvino)")
         if len(allowed) == 1:
             return Choice(allowed[0], ": the only candidate the settings allow here")
+        if REFERENCE not in allowed:  # precision=bf16 under backend=auto: nothing to hold against fp32
+            return Choice(allowed[0], f" (precision={self.precision}: the first candidate the settings allow; "
+                                      "backend=auto measures only against torch fp32)")
         try:
             passages, questions = probe.probe_texts()
         except (OSError, ValueError, KeyError) as e:
