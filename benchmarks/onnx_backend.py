@@ -55,7 +55,7 @@ from rag.embedder.backend_choice import (
     explain,
     native_bf16,
 )
-from rag.embedder.openvino_runtime import openvino_available
+from rag.embedder.backend_choice import openvino_available
 from rag.embedder.probe import probe_texts, top_overlap
 
 # name -> (embedder config, overrides, the backend's name in rag.embedder.backend_choice)

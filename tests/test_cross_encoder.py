@@ -379,7 +379,7 @@ def test_v3_reranks_with_the_trained_cross_encoder_and_v4_inherits_it():
 def test_the_onnx_backend_scores_as_torch_does(tmp_path: Path):
     """reranker.backend=onnx: the shipped model exported into the cache, its logits within 1e-4 of
     torch's on real passages of several lengths, so the same order."""
-    from rag.embedder.openvino_runtime import openvino_available
+    from rag.embedder.backend_choice import openvino_available
     from rag.reranker.cross_encoder import load_cross_encoder
     from rag.reranker.logits import predict_logits
     from rag.reranker.training.shipped import restore, shipped_manifest

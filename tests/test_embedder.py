@@ -425,10 +425,11 @@ def test_bad_precision_settings_fail_clearly():
 
 def test_without_native_bf16_or_onnxruntime_auto_is_torch_fp32_and_measures_nothing(tmp_path, monkeypatch):
     from rag.store.cache import ArtifactCache
-    from rag.embedder import sentence_transformer as st
+    from rag.embedder import backend_choice, sentence_transformer as st
 
     monkeypatch.setattr(st, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     monkeypatch.setattr(st, "onnx_available", lambda: False)
+    monkeypatch.setattr(backend_choice, "onnx_available", lambda: False)
     auto = SentenceTransformerEmbedder(MINILM, backend="auto", precision="auto")
     auto.use_cache(ArtifactCache(tmp_path))
     assert auto.choice.line == "torch fp32: the only candidate here (no native bf16, no onnxruntime)"

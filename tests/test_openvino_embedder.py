@@ -57,7 +57,7 @@ def test_fp32_gives_torchs_own_vectors_and_may_reuse_them(cache, torch_vectors):
     assert got.shape == torch_vectors.shape and got.dtype == np.float32
     assert float((got * torch_vectors).sum(1).min()) > 1 - 1e-6
     assert e.candidate == OPENVINO_FP32
-    assert e.id == {**e.id_for(OPENVINO_FP32)} != _embedder(cache).id, "vectors keyed by the backend that made them"
+    assert e.id == e.id_for(OPENVINO_FP32) != _embedder(cache).id, "vectors keyed by the backend that made them"
     assert e.model.check_min_cosine >= 1 - 1e-6
     assert e.reference_id == _embedder(cache).id, "the evaluation reuses torch fp32's cached vectors for it"
 

@@ -185,6 +185,10 @@ def onnx_available() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 
 
+def openvino_available() -> bool:
+    return importlib.util.find_spec("openvino") is not None
+
+
 def machine_candidates(flags: frozenset[str], onnx: bool, openvino: bool = False) -> list[Candidate]:
     """What can compute the vectors here, torch fp32 first. OpenVINO runs the ONNX export, so it
     needs onnx (the exporter) as well."""
@@ -199,6 +203,11 @@ def machine_candidates(flags: frozenset[str], onnx: bool, openvino: bool = False
         if bf16:
             out.append(OPENVINO_BF16)
     return out
+
+
+def candidates_here(flags: frozenset[str]) -> list[Candidate]:
+    """machine_candidates with the libraries this process can import."""
+    return machine_candidates(flags, onnx_available(), openvino_available())
 
 
 def machine_facts(flags: frozenset[str], threads: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rag.embedder.onnx import _CHECK_TEXTS, ONNX_FILE, OnnxSentenceEncoder, _cosines
+from rag.embedder.onnx import _CHECK_TEXTS, ONNX_FILE, OnnxSentenceEncoder, _cosines, load_onnx_encoder
 from rag.embedder.openvino_runtime import OpenVINOSession
 
 
@@ -34,7 +34,7 @@ class OpenVINOSentenceEncoder(OnnxSentenceEncoder):
         exported = self.check_min_cosine  # the export's own check against torch
         self.check_min_cosine = 0.0
         if precision == "fp32" and exported > 0.0:
-            reference = OnnxSentenceEncoder(model_dir).encode(_CHECK_TEXTS, batch_size=2)
+            reference = load_onnx_encoder(str(model_dir), "cpu").encode(_CHECK_TEXTS, batch_size=2)
             mine = self.encode(_CHECK_TEXTS, batch_size=2)
             self.check_min_cosine = chained_cosine(exported, float(_cosines(reference, mine).min()))
 

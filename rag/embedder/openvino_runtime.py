@@ -11,7 +11,6 @@ emulate it, slower than fp32.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Mapping
@@ -22,10 +21,6 @@ from typing import Any
 from rag.types import RagError
 
 HINTS = {"fp32": "f32", "bf16": "bf16"}  # our precision names -> OpenVINO's INFERENCE_PRECISION_HINT
-
-
-def openvino_available() -> bool:
-    return importlib.util.find_spec("openvino") is not None
 
 
 def import_openvino() -> ModuleType:

@@ -40,18 +40,18 @@ from rag.embedder.backend_choice import (
     Candidate,
     Choice,
     Measured,
+    candidates_here,
     choose,
     cpu_flags,
     explain,
-    machine_candidates,
     machine_facts,
     native_bf16,
     onnx_available,
+    openvino_available,
 )
 from rag.embedder.base import Embedder, RowSink
 from rag.embedder.onnx import SAME_VECTORS_COSINE, embedding_dim, export_onnx_model, load_onnx_encoder
 from rag.embedder.openvino import load_openvino_encoder
-from rag.embedder.openvino_runtime import openvino_available
 from rag.store.models import UsesCache, model_fingerprint, resolve_model
 from rag.config.schema import Device, PositiveInt, Text, checked
 from rag.types import RagError
@@ -114,10 +114,6 @@ class Engine:
                       sink: RowSink | None = None) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         raise NotImplementedError
 
-
-def _here(flags: frozenset[str]) -> list[Candidate]:
-    """The candidates of this machine with the libraries this process can import."""
-    return machine_candidates(flags, onnx_available(), openvino_available())
 
 
 def pinned_candidate(backend: str, precision: str, quantize: str | None) -> Candidate | None:
@@ -215,7 +211,7 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
 
     def allowed(self, flags: frozenset[str]) -> list[Candidate]:
         """The candidates of this machine that the settings allow, torch fp32 first."""
-        return [c for c in _here(flags)
+        return [c for c in candidates_here(flags)
                 if self.backend in ("auto", c.backend) and self.precision in ("auto", c.precision)]
 
     def _choose(self) -> Choice:
@@ -255,7 +251,7 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         path = resolve_model(self.model_name, "embedder").path
         return {"probe": PROBE_VERSION, "model": self.model_name, "files": model_fingerprint(path),
                 "normalize": self.normalize, "max_seq_length": self.max_seq_length, "batch_size": self.batch_size,
-                "candidates": [c.name for c in _here(flags)],
+                "candidates": [c.name for c in candidates_here(flags)],
                 "texts": {"passages": len(texts[0]), "questions": len(texts[1])},
                 "machine": machine_facts(flags, torch.get_num_threads())}
 
@@ -265,7 +261,7 @@ class SentenceTransformerEmbedder(UsesCache, Embedder):
         params = self._probe_params(flags, texts)
         return probe.recorded_probe(
             self.cache, PROBE_KIND, params,
-            lambda: self.measure_backends(_here(flags), *texts),
+            lambda: self.measure_backends(candidates_here(flags), *texts),
             {"texts": params["texts"]})
 
     def recorded_choice(self) -> Choice | None:

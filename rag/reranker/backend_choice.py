@@ -2,11 +2,11 @@
 
 The candidates are the embedders' (rag/embedder/backend_choice.py): torch fp32 (the reference),
 torch bf16 autocast where the CPU computes bf16 natively, ONNX Runtime fp32 where onnxruntime is
-installed, and OpenVINO fp32 (bf16 where native) on the same export. What "exact enough" means differs: a reranker is judged by the order it gives, so a
-candidate is eligible when each probe question's top TOP candidates are, on average over the
-questions, at least MIN_OVERLAP fp32's top TOP. The probe scores a fixed pool of passages for each
-of a few questions the project ships (PubMedQA's, read by rag.embedder.probe) with every candidate,
-interleaved, and the choice is torch fp32 unless an eligible candidate is faster by MARGIN.
+installed, and OpenVINO fp32 (bf16 where native) on the same export. What "exact enough" means
+differs: a reranker is judged by the order it gives, so a candidate is eligible when each probe
+question's top TOP candidates are, on average over the questions, at least MIN_OVERLAP fp32's top
+TOP. The probe scores a fixed pool of passages for each of a few questions the project ships
+(PubMedQA's, read by rag.embedder.probe) with every candidate, interleaved, and the choice is torch fp32 unless an eligible candidate is faster by MARGIN.
 """
 from __future__ import annotations
 

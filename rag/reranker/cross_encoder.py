@@ -14,8 +14,8 @@ was trained, read from its reranker.json; other models: no labels).
 
 `backend` and `precision` (`auto`, the default, for both) say what computes the logits: torch fp32,
 torch bf16 autocast, ONNX Runtime fp32, or OpenVINO fp32 or bf16 on the same export. Under `auto`
-the fastest candidate whose order agrees with fp32's is measured once per machine, model and library versions (rag/reranker/backend_choice.py),
-unless the scores of the first question's candidates are already recorded under fp32 (the demo's
+the fastest candidate whose order agrees with fp32's is measured once per machine, model and
+library versions (rag/reranker/backend_choice.py), unless the scores of the first question's candidates are already recorded under fp32 (the demo's
 seed, an earlier run): then fp32, so that nothing recorded is scored again.
 """
 from __future__ import annotations
@@ -33,12 +33,10 @@ from rag.embedder.backend_choice import (
     REFERENCE,
     Candidate,
     Choice,
+    candidates_here,
     cpu_flags,
-    machine_candidates,
     machine_facts,
-    onnx_available,
 )
-from rag.embedder.openvino_runtime import openvino_available
 from rag.store.models import model_fingerprint, resolve_model
 from rag.reranker import backend_choice
 from rag.reranker.logits import predict_logits
@@ -68,11 +66,6 @@ def load_cross_encoder(path: str, max_length: int, device: str) -> Any:
 
 
 GRAPH_BACKENDS = ("onnx", "openvino")  # the backends that run the exported graph
-
-
-def _here(flags: frozenset[str]) -> list[Candidate]:
-    """The candidates of this machine with the libraries this process can import."""
-    return machine_candidates(flags, onnx_available(), openvino_available())
 
 
 class CrossEncoderReranker(PointwiseReranker):
@@ -154,7 +147,7 @@ class CrossEncoderReranker(PointwiseReranker):
 
     def allowed(self, flags: frozenset[str]) -> list[Candidate]:
         """The candidates of this machine that the settings allow, torch fp32 first."""
-        return [c for c in _here(flags)
+        return [c for c in candidates_here(flags)
                 if self.backend in ("auto", c.backend) and self.precision in ("auto", c.precision)]
 
     @property
@@ -226,7 +219,7 @@ class CrossEncoderReranker(PointwiseReranker):
         import torch
 
         flags = cpu_flags()
-        candidates = _here(flags)
+        candidates = candidates_here(flags)
         params = {"probe": PROBE_VERSION, **self.identity_for(REFERENCE), "batch_size": self.batch_size,
                   "candidates": [c.name for c in candidates], "pairs": sum(map(len, pools)),
                   "machine": machine_facts(flags, torch.get_num_threads())}
